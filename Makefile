@@ -1,0 +1,38 @@
+# hooktrace: `make build` needs only Go (the BPF objects are committed);
+# `make generate` needs Debian's clang and libbpf-dev.
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+.PHONY: all build generate check-generated test lint bench fuzz clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/hooktrace ./cmd/hooktrace
+
+generate:
+	$(GO) generate ./tracer
+
+# The committed objects must be what the committed C produces.
+check-generated: generate
+	git diff --exit-code -- tracer/hooktrace_bpfel.go tracer/hooktrace_bpfel.o
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+	GOOS=darwin $(GO) build ./events ./analyzer ./reports
+
+# The test command (README, .ci/run): eBPF tests need root; with CI set they
+# fail instead of skipping when eBPF is unavailable.
+test: lint
+	$(GO) test -count=1 ./...
+
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./bench/
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 60s ./events
+
+clean:
+	rm -rf bin

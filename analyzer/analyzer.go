@@ -1,0 +1,236 @@
+package analyzer
+
+import (
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// Options configure an Analyzer.
+type Options struct {
+	// Forbid lists nesting rules checked on every stream, in addition to
+	// the rules each trace recorded in its header.
+	Forbid []Rule
+	// Allocator overrides Header.Allocator ("glibc", "jemalloc", ...).
+	Allocator string
+}
+
+// Analyzer consumes event streams and builds a Result. It is not safe for
+// concurrent use.
+type Analyzer struct {
+	opts      Options
+	rules     []Rule
+	ruleIndex map[Rule]int
+	warnings  []string
+
+	streams []*stream
+	cur     *stream
+
+	instances []*instance
+
+	// Dependencies between lock instances, keyed by edgeKey(from, to).
+	edges    map[uint64]*edge
+	edgeList []*edge
+
+	// First sightings of the non-cycle findings, in the order seen.
+	selfLocks   map[selfKey]*selfSighting
+	selfList    []*selfSighting
+	reentries   map[reentryKey]*reentrySighting
+	reentryList []*reentrySighting
+	nestings    map[int]*nestSighting
+	nestList    []*nestSighting
+}
+
+// New returns an Analyzer with no streams yet.
+func New(opts Options) *Analyzer {
+	a := &Analyzer{
+		opts:      opts,
+		ruleIndex: map[Rule]int{},
+		edges:     map[uint64]*edge{},
+		selfLocks: map[selfKey]*selfSighting{},
+		reentries: map[reentryKey]*reentrySighting{},
+		nestings:  map[int]*nestSighting{},
+	}
+	for _, r := range opts.Forbid {
+		a.addRule(r)
+	}
+	return a
+}
+
+// BeginStream starts a new event stream (one trace file, one MPI rank):
+// stack IDs, PIDs and TIDs of different streams never refer to each other.
+// source labels the stream in reports (a file name, say). A Header record
+// arriving after other records of the current stream starts a new stream
+// by itself, so calling BeginStream is needed only to give the label.
+func (a *Analyzer) BeginStream(source string) {
+	if a.cur != nil && !a.cur.seen {
+		a.cur.source = source
+		return
+	}
+	a.newStream(source)
+}
+
+func (a *Analyzer) newStream(source string) {
+	if a.cur != nil {
+		a.cur.finish()
+	}
+	a.cur = newStream(len(a.streams), source)
+	a.streams = append(a.streams, a.cur)
+}
+
+// Add feeds one record of the current stream. It keeps the Header, Stack
+// and Footer the record points to and copies the rest, so the caller may
+// reuse the Record itself.
+func (a *Analyzer) Add(r *events.Record) {
+	if a.cur == nil {
+		a.newStream("")
+	}
+	switch r.Kind {
+	case events.RecEvent:
+		a.event(&r.Event)
+		return
+	case events.RecStack:
+		if r.Stack != nil {
+			a.cur.stacks[r.Stack.ID] = r.Stack
+		}
+	case events.RecHeader:
+		if a.cur.seen {
+			a.newStream("")
+		}
+		a.header(r.Header)
+	case events.RecThread:
+		if r.Thread.Name != "" {
+			a.cur.threadNames[r.Thread.TID] = r.Thread.Name
+		}
+	case events.RecLockName:
+		a.lockName(r.LockName)
+	case events.RecLost:
+		a.cur.lost += r.Lost.Count
+	case events.RecFooter:
+		a.cur.footer = r.Footer
+	}
+	a.cur.seen = true
+}
+
+func (a *Analyzer) header(h *events.Header) {
+	s := a.cur
+	s.header = h
+	if h == nil {
+		return
+	}
+	s.probeNames = h.UserProbes
+	alloc := h.Allocator
+	if a.opts.Allocator != "" {
+		alloc = a.opts.Allocator
+	}
+	s.setAllocator(alloc)
+	for _, text := range h.Forbid {
+		r, err := ParseRule(text)
+		if err != nil {
+			a.warnings = append(a.warnings, "header forbid rule ignored: "+err.Error())
+			continue
+		}
+		a.addRule(r)
+	}
+}
+
+func (a *Analyzer) addRule(r Rule) {
+	if _, ok := a.ruleIndex[r]; ok {
+		return
+	}
+	a.ruleIndex[r] = len(a.rules)
+	a.rules = append(a.rules, r)
+}
+
+func (a *Analyzer) lockName(n events.LockName) {
+	s := a.cur
+	if n.Name == "" {
+		return
+	}
+	s.lockNames[lockKey{n.PID, n.Addr}] = n.Name
+	// The name may arrive after the lock was first seen.
+	if p := s.procs[n.PID]; p != nil {
+		if inst := p.live[n.Addr]; inst != nil && inst.name == "" {
+			inst.name = n.Name
+		}
+	}
+}
+
+// event is the hot path: one call per traced event.
+func (a *Analyzer) event(e *events.Event) {
+	s := a.cur
+	s.seen = true
+	s.events++
+	op := e.Op
+	if int(op) < opSlots {
+		if e.Flags&events.FlagReturn != 0 {
+			s.returns[op]++
+		} else {
+			s.entries[op]++
+		}
+	}
+	t := s.thread(e.PID, e.TID)
+
+	inAlloc := e.Flags&events.FlagInAlloc != 0 || t.probesInAlloc > 0
+	if !inAlloc && t.hook.active && !op.IsUnlock() {
+		// The allocator call the hooks ran in is over. (Unlocks do not
+		// decide: a tracer may not mark them.)
+		t.hook.reset()
+	}
+
+	switch {
+	case op.IsAllocator():
+		a.allocatorCall(t, e, inAlloc)
+	case op.IsLockAcquire():
+		a.acquire(t, e, inAlloc)
+	case op.IsUnlock():
+		t.release(e.Addr, false)
+	case op.IsMemSyscall():
+		a.memSyscall(t, e, inAlloc)
+	default:
+		a.otherEvent(t, e, inAlloc)
+	}
+}
+
+func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
+	switch e.Op {
+	case events.OpMutexInit:
+		t.proc.initLock(a, e.Addr, t.stream.stack(e.Stack))
+	case events.OpMutexDestroy:
+		t.proc.end(e.Addr)
+	case events.OpCondWait, events.OpCondTimedwait:
+		if e.Flags&events.FlagReturn == 0 {
+			// Waiting releases the mutex completely.
+			t.release(e.Addr2, true)
+		} else {
+			// It is taken back whatever the result (a timeout too).
+			a.condRetake(t, e, inAlloc)
+		}
+	case events.OpProbeEnter:
+		a.probeEnter(t, e, inAlloc)
+	case events.OpProbeExit:
+		t.probeExit(e.Arg)
+	case events.OpThreadCreate:
+		if e.Flags&events.FlagProcess != 0 {
+			t.stream.fork(t.pid, uint32(e.Arg))
+		}
+	case events.OpThreadExit:
+		t.exit()
+	case events.OpExec:
+		t.stream.exec(t.proc)
+	}
+}
+
+// Result analyses what was added so far. It does not change the Analyzer:
+// more records may be added and Result called again.
+func (a *Analyzer) Result() *Result {
+	res := &Result{Version: events.Version, Findings: []Finding{}}
+	names := a.nameInstances()
+	cycles := a.cycleFindings(names)
+	res.Findings = append(res.Findings, cycles.findings...)
+	res.Findings = append(res.Findings, a.selfFindings(names)...)
+	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges)...)
+	res.Findings = append(res.Findings, a.reentryFindings()...)
+	res.Findings = append(res.Findings, a.nestingFindings()...)
+	res.Stats = a.stats(names)
+	res.Sort()
+	return res
+}

@@ -1,0 +1,362 @@
+package analyzer
+
+import (
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// depType types a dependency A → B the way lockdep does: how A is held
+// (exclusive, or shared: a read lock) and how B is wanted (non-recursively,
+// or as a recursive read). See the package documentation for the rule.
+type depType uint8
+
+const (
+	depRecursiveRead depType = 1 << iota // B wanted as a recursive read
+	depHeldShared                        // A held for reading
+	depTypes         = 4
+)
+
+func (d depType) recursiveRead() bool { return d&depRecursiveRead != 0 }
+func (d depType) heldShared() bool    { return d&depHeldShared != 0 }
+
+// arenaHold says whether the allocator holds its lock where a hook took a
+// lock (allocator → lock dependencies only).
+type arenaHold uint8
+
+const (
+	holdNone    arenaHold = iota // not an allocator dependency
+	holdNotHeld                  // this path runs outside the arena lock
+	holdMaybe                    // the stack does not tell
+	holdHeld                     // the arena lock is held here
+)
+
+func (h arenaHold) String() string {
+	switch h {
+	case holdNotHeld:
+		return "not held"
+	case holdMaybe:
+		return "may hold"
+	case holdHeld:
+		return "held"
+	}
+	return ""
+}
+
+// sighting is the first (or most telling) time a dependency was seen.
+type sighting struct {
+	stream    *stream
+	pid, tid  uint32
+	heldOp    events.Op // how the held lock was taken
+	heldRead  bool
+	heldStack *events.Stack
+	op        events.Op // the call that took the next lock
+	read      bool
+	stack     *events.Stack
+	timed     bool // a timed wait: it ends, at worst, in a timeout
+
+	// Allocator dependencies.
+	allocOp    events.Op // the enclosing allocator call
+	via        string    // the hooked call or probed function the lock was taken in
+	hook       string    // the function that called the lock
+	hold       arenaHold
+	holdReason string
+}
+
+// edge is a dependency between two lock instances, with one sighting per
+// dependency type seen.
+type edge struct {
+	from, to *instance
+	seen     [depTypes]*sighting
+	// Allocator → lock dependencies: how many sightings had each hold
+	// verdict (a verdict can be revised when the allocator call's memory
+	// syscall shows up).
+	holdCount [holdHeld + 1]uint32
+}
+
+func edgeKey(from, to *instance) uint64 {
+	return uint64(uint32(from.id))<<32 | uint64(uint32(to.id))
+}
+
+func (a *Analyzer) edgeFor(from, to *instance) *edge {
+	key := edgeKey(from, to)
+	ed := a.edges[key]
+	if ed == nil {
+		ed = &edge{from: from, to: to}
+		a.edges[key] = ed
+		a.edgeList = append(a.edgeList, ed)
+	}
+	return ed
+}
+
+// lockEdge records h → q.inst. Only the first sighting of each type keeps
+// stacks, unless it was a timed wait and a blocking one comes along.
+func (a *Analyzer) lockEdge(t *thread, h *heldLock, to *instance, q acquisition, dt depType) {
+	if h.read {
+		dt |= depHeldShared
+	}
+	ed := a.edgeFor(h.inst, to)
+	if old := ed.seen[dt]; old != nil && (!old.timed || q.timed) {
+		return
+	}
+	s := t.stream
+	ed.seen[dt] = &sighting{
+		stream:    s,
+		pid:       t.pid,
+		tid:       t.tid,
+		heldOp:    h.op,
+		heldRead:  h.read,
+		heldStack: s.stack(h.stack),
+		op:        q.op,
+		read:      q.read,
+		stack:     s.stack(q.e.Stack),
+		timed:     q.timed,
+	}
+}
+
+// usable reports whether a dependency type of ed takes part in deadlocks:
+// allocator → lock dependencies only where the allocator may hold its lock.
+func (ed *edge) usable(dt depType) bool {
+	s := ed.seen[dt]
+	if s == nil {
+		return false
+	}
+	return ed.from.typ != typeArena || s.hold >= holdMaybe
+}
+
+// cycleStep is one dependency on a cycle.
+type cycleStep struct {
+	edge *edge
+	dt   depType
+}
+
+// stateEdge is a dependency in the graph of (lock, entered-as-recursive-
+// read) states, where lockdep's read/write rule becomes plain reachability.
+type stateEdge struct {
+	to   int32
+	step cycleStep
+}
+
+// findCycles returns, for every dependency on some deadlock-capable cycle,
+// a shortest such cycle through it, each distinct cycle once. Cost: Tarjan
+// is linear; each BFS is bounded by its component and runs only for
+// dependencies no earlier cycle covered.
+func (a *Analyzer) findCycles() [][]cycleStep {
+	// Compact the instances that have dependencies.
+	index := map[int32]int32{}
+	var nodes []*instance
+	node := func(inst *instance) int32 {
+		if i, ok := index[inst.id]; ok {
+			return i
+		}
+		i := int32(len(nodes))
+		index[inst.id] = i
+		nodes = append(nodes, inst)
+		return i
+	}
+	type pending struct {
+		from, to int32
+		step     cycleStep
+	}
+	var deps []pending
+	for _, ed := range a.edgeList {
+		for dt := depType(0); dt < depTypes; dt++ {
+			if ed.usable(dt) {
+				deps = append(deps, pending{node(ed.from), node(ed.to), cycleStep{ed, dt}})
+			}
+		}
+	}
+	if len(deps) == 0 {
+		return nil
+	}
+	// State 2n+r: lock n, entered as a recursive read when r is 1. A lock
+	// entered as a recursive read cannot be left by a dependency that holds
+	// it shared: that pair never blocks.
+	adj := make([][]stateEdge, 2*len(nodes))
+	for _, d := range deps {
+		to := 2 * d.to
+		if d.step.dt.recursiveRead() {
+			to++
+		}
+		for r := int32(0); r < 2; r++ {
+			if r == 1 && d.step.dt.heldShared() {
+				continue
+			}
+			from := 2*d.from + r
+			adj[from] = append(adj[from], stateEdge{to: to, step: d.step})
+		}
+	}
+	comp := tarjan(adj)
+
+	covered := make([][]bool, len(adj))
+	for u := range adj {
+		covered[u] = make([]bool, len(adj[u]))
+	}
+	seenCycle := map[string]bool{}
+	bfs := newBFS(len(adj))
+	var cycles [][]cycleStep
+	for u := range adj {
+		for k, se := range adj[u] {
+			if covered[u][k] || comp[u] != comp[se.to] {
+				continue
+			}
+			path := bfs.path(adj, comp, se.to, int32(u))
+			if path == nil {
+				continue
+			}
+			covered[u][k] = true
+			steps := []cycleStep{se.step}
+			for _, p := range path {
+				covered[p.from][p.k] = true
+				steps = append(steps, adj[p.from][p.k].step)
+			}
+			steps = rotateCycle(steps)
+			key := cycleKey(steps)
+			if !seenCycle[key] {
+				seenCycle[key] = true
+				cycles = append(cycles, steps)
+			}
+		}
+	}
+	return cycles
+}
+
+// rotateCycle starts a cycle at its oldest lock, so the same cycle found
+// from different edges compares equal.
+func rotateCycle(steps []cycleStep) []cycleStep {
+	best := 0
+	for i, s := range steps {
+		if s.edge.from.id < steps[best].edge.from.id {
+			best = i
+		}
+	}
+	return append(append([]cycleStep(nil), steps[best:]...), steps[:best]...)
+}
+
+func cycleKey(steps []cycleStep) string {
+	b := make([]byte, 0, len(steps)*9)
+	for _, s := range steps {
+		id := uint32(s.edge.from.id)
+		b = append(b, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
+		id = uint32(s.edge.to.id)
+		b = append(b, byte(id), byte(id>>8), byte(id>>16), byte(id>>24), byte(s.dt))
+	}
+	return string(b)
+}
+
+// tarjan returns the strongly connected component of each node
+// (iterative: lock graphs can be deep).
+func tarjan(adj [][]stateEdge) []int32 {
+	n := len(adj)
+	index := make([]int32, n)
+	low := make([]int32, n)
+	comp := make([]int32, n)
+	onStack := make([]bool, n)
+	for i := range index {
+		index[i] = -1
+		comp[i] = -1
+	}
+	var stack []int32
+	type frame struct {
+		v int32
+		k int
+	}
+	var call []frame
+	next, ncomp := int32(0), int32(0)
+	for root := 0; root < n; root++ {
+		if index[root] >= 0 {
+			continue
+		}
+		call = append(call[:0], frame{v: int32(root)})
+		index[root], low[root] = next, next
+		next++
+		stack = append(stack, int32(root))
+		onStack[root] = true
+		for len(call) > 0 {
+			f := &call[len(call)-1]
+			v := f.v
+			if f.k < len(adj[v]) {
+				w := adj[v][f.k].to
+				f.k++
+				if index[w] < 0 {
+					index[w], low[w] = next, next
+					next++
+					stack = append(stack, w)
+					onStack[w] = true
+					call = append(call, frame{v: w})
+				} else if onStack[w] && index[w] < low[v] {
+					low[v] = index[w]
+				}
+				continue
+			}
+			call = call[:len(call)-1]
+			if len(call) > 0 {
+				if p := call[len(call)-1].v; low[v] < low[p] {
+					low[p] = low[v]
+				}
+			}
+			if low[v] == index[v] {
+				for {
+					w := stack[len(stack)-1]
+					stack = stack[:len(stack)-1]
+					onStack[w] = false
+					comp[w] = ncomp
+					if w == v {
+						break
+					}
+				}
+				ncomp++
+			}
+		}
+	}
+	return comp
+}
+
+// bfs finds shortest paths inside one component, reusing its buffers.
+type bfs struct {
+	mark   []uint32 // visited when equal to stamp
+	stamp  uint32
+	parent []bfsHop
+	queue  []int32
+}
+
+type bfsHop struct {
+	from int32
+	k    int
+}
+
+func newBFS(n int) *bfs {
+	return &bfs{mark: make([]uint32, n), parent: make([]bfsHop, n)}
+}
+
+// path returns the hops of a shortest path from src to dst within src's
+// component, or nil.
+func (b *bfs) path(adj [][]stateEdge, comp []int32, src, dst int32) []bfsHop {
+	b.stamp++
+	b.queue = append(b.queue[:0], src)
+	b.mark[src] = b.stamp
+	if src == dst {
+		return []bfsHop{}
+	}
+	for head := 0; head < len(b.queue); head++ {
+		v := b.queue[head]
+		for k, se := range adj[v] {
+			w := se.to
+			if b.mark[w] == b.stamp || comp[w] != comp[src] {
+				continue
+			}
+			b.mark[w] = b.stamp
+			b.parent[w] = bfsHop{from: v, k: k}
+			if w == dst {
+				var hops []bfsHop
+				for x := dst; x != src; x = b.parent[x].from {
+					hops = append(hops, b.parent[x])
+				}
+				for i, j := 0, len(hops)-1; i < j; i, j = i+1, j-1 {
+					hops[i], hops[j] = hops[j], hops[i]
+				}
+				return hops
+			}
+			b.queue = append(b.queue, w)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package analyzer
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// Rule forbids Inner from running while Outer is on the same thread's
+// stack (both are functions traced with --probe).
+type Rule struct {
+	Outer string
+	Inner string
+}
+
+// ParseRule parses "OUTER>INNER".
+func ParseRule(text string) (Rule, error) {
+	outer, inner, ok := strings.Cut(text, ">")
+	outer, inner = strings.TrimSpace(outer), strings.TrimSpace(inner)
+	if !ok || outer == "" || inner == "" || strings.Contains(inner, ">") {
+		return Rule{}, errors.New("forbid rule " + quote(text) + ": want OUTER>INNER")
+	}
+	return Rule{Outer: outer, Inner: inner}, nil
+}
+
+func (r Rule) String() string { return r.Outer + ">" + r.Inner }
+
+func quote(s string) string { return "\"" + s + "\"" }
+
+type nestSighting struct {
+	rule       Rule
+	stream     *stream
+	pid, tid   uint32
+	outerStack *events.Stack
+	stack      *events.Stack
+	inAlloc    bool
+	count      uint64
+}
+
+// checkNesting runs when a probed function is entered: a rule is broken
+// when its Outer is active on the thread, as a probed function or as a
+// frame of the entry's stack (which catches an Outer whose entry was lost).
+func (a *Analyzer) checkNesting(t *thread, e *events.Event, name string) {
+	var st *events.Stack
+	for ri, r := range a.rules {
+		if r.Inner != name {
+			continue
+		}
+		var outerStack *events.Stack
+		found := false
+		for i := len(t.probes) - 1; i >= 0; i-- {
+			if t.probes[i].name == r.Outer {
+				found = true
+				outerStack = t.stream.stack(t.probes[i].stack)
+				break
+			}
+		}
+		if !found {
+			if st == nil {
+				st = t.stream.stack(e.Stack)
+			}
+			found = stackHasFunction(st, r.Outer)
+		}
+		if !found {
+			continue
+		}
+		if n := a.nestings[ri]; n != nil {
+			n.count++
+			continue
+		}
+		if st == nil {
+			st = t.stream.stack(e.Stack)
+		}
+		n := &nestSighting{
+			rule:       r,
+			stream:     t.stream,
+			pid:        t.pid,
+			tid:        t.tid,
+			outerStack: outerStack,
+			stack:      st,
+			inAlloc:    e.Flags&events.FlagInAlloc != 0,
+			count:      1,
+		}
+		a.nestings[ri] = n
+		a.nestList = append(a.nestList, n)
+	}
+}
+
+func stackHasFunction(st *events.Stack, fn string) bool {
+	if st == nil {
+		return false
+	}
+	// The first frame is the probed function itself.
+	for i := 1; i < len(st.Frames); i++ {
+		if baseFunction(st.Frames[i].Function) == fn {
+			return true
+		}
+	}
+	return false
+}

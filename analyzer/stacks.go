@@ -1,0 +1,183 @@
+package analyzer
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// Frame is a stack frame as reports show it.
+type Frame struct {
+	Function string `json:"function"`
+	Offset   uint64 `json:"offset,omitempty"`
+	File     string `json:"file"`
+	Line     uint32 `json:"line"`
+	Object   string `json:"object"`
+	Address  string `json:"address"`
+}
+
+func framesOf(st *events.Stack) ([]Frame, bool) {
+	if st == nil {
+		return []Frame{}, false
+	}
+	out := make([]Frame, len(st.Frames))
+	for i, f := range st.Frames {
+		out[i] = Frame{
+			Function: f.Function,
+			Offset:   f.Offset,
+			File:     f.File,
+			Line:     f.Line,
+			Object:   f.Object,
+			Address:  "0x" + strconv.FormatUint(f.Addr, 16),
+		}
+	}
+	return out, st.Truncated
+}
+
+// baseFunction strips compiler clone suffixes (".isra.0", ".constprop.0",
+// ".cold") and symbol versions ("@@GLIBC_2.2.5") so glibc's internal names
+// match whatever build they come from.
+func baseFunction(name string) string {
+	if i := strings.IndexByte(name, '@'); i > 0 {
+		name = name[:i]
+	}
+	if i := strings.IndexByte(name, '.'); i > 0 {
+		name = name[:i]
+	}
+	return name
+}
+
+// objectBase is the file name of a mapped object's path.
+func objectBase(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		return path[i+1:]
+	}
+	return path
+}
+
+// isLockImpl reports whether f is inside the lock call itself rather than
+// in the code that called it.
+func isLockImpl(f *events.Frame) bool {
+	fn := strings.TrimLeft(baseFunction(f.Function), "_")
+	if strings.HasPrefix(fn, "pthread_") || strings.HasPrefix(fn, "GI___pthread_") ||
+		strings.HasPrefix(fn, "lll_") || strings.HasPrefix(fn, "futex_") {
+		return true
+	}
+	if f.Function == "" {
+		obj := objectBase(f.Object)
+		return strings.HasPrefix(obj, "libc.so") || strings.HasPrefix(obj, "libpthread.so")
+	}
+	return false
+}
+
+// callerFrame is the innermost frame outside the lock implementation: the
+// code that took the lock (or initialised it).
+func callerFrame(st *events.Stack) *events.Frame {
+	if st == nil {
+		return nil
+	}
+	for i := range st.Frames {
+		if !isLockImpl(&st.Frames[i]) {
+			return &st.Frames[i]
+		}
+	}
+	return nil
+}
+
+// allocatorEntries are the public allocator functions, skipped when
+// looking for the code that called the allocator.
+var allocatorEntries = map[string]bool{
+	"malloc": true, "calloc": true, "realloc": true, "free": true, "cfree": true,
+	"posix_memalign": true, "aligned_alloc": true, "memalign": true, "valloc": true,
+	"pvalloc": true, "__libc_malloc": true, "__libc_calloc": true, "__libc_realloc": true,
+	"__libc_free": true, "__libc_memalign": true, "__posix_memalign": true,
+	"__libc_valloc": true, "__libc_pvalloc": true, "_mid_memalign": true,
+}
+
+// allocCallerFrame is the innermost frame outside the allocator's entry.
+func allocCallerFrame(st *events.Stack) *events.Frame {
+	if st == nil {
+		return nil
+	}
+	for i := range st.Frames {
+		f := &st.Frames[i]
+		if allocatorEntries[baseFunction(f.Function)] {
+			continue
+		}
+		if f.Function == "" && strings.HasPrefix(objectBase(f.Object), "libc.so") {
+			continue
+		}
+		return f
+	}
+	return nil
+}
+
+// site names a code location for people: "reg_init+0x1c (librcache.so)".
+func site(f *events.Frame) string {
+	if f == nil {
+		return "an unknown site"
+	}
+	obj := objectBase(f.Object)
+	if f.Function == "" {
+		s := "0x" + strconv.FormatUint(f.Addr, 16)
+		if obj != "" {
+			s += " (" + obj + ")"
+		}
+		return s
+	}
+	s := f.Function
+	if f.Offset != 0 {
+		s += "+0x" + strconv.FormatUint(f.Offset, 16)
+	}
+	if obj != "" {
+		s += " (" + obj + ")"
+	}
+	return s
+}
+
+// stableSite names a code location for finding IDs: function and object
+// base name only, so the same code on another machine (other addresses,
+// other build paths) gives the same ID.
+func stableSite(f *events.Frame) string {
+	if f == nil {
+		return "?"
+	}
+	fn := f.Function
+	if fn == "" {
+		fn = "?"
+	}
+	return fn + " (" + objectBase(f.Object) + ")"
+}
+
+// memSyscallNames maps libc's memory-syscall wrappers to the call.
+var memSyscallNames = map[string]string{
+	"madvise": "madvise", "__madvise": "madvise", "posix_madvise": "madvise",
+	"munmap": "munmap", "__munmap": "munmap",
+	"mremap": "mremap", "__mremap": "mremap",
+	"brk": "brk", "__brk": "brk", "sbrk": "sbrk", "__sbrk": "sbrk",
+	"mmap": "mmap", "__mmap": "mmap", "mmap64": "mmap", "__mmap64": "mmap",
+}
+
+// hookedCall names the memory call a hook runs in, from the hook's stack: a
+// libc wrapper frame, else a hook function named after the call it patches
+// ("_intercept_madvise", "ucm_override_munmap").
+func hookedCall(st *events.Stack) string {
+	if st == nil {
+		return ""
+	}
+	for i := range st.Frames {
+		if c, ok := memSyscallNames[baseFunction(st.Frames[i].Function)]; ok {
+			return c
+		}
+	}
+	for i := range st.Frames {
+		fn := baseFunction(st.Frames[i].Function)
+		for _, c := range []string{"madvise", "munmap", "mremap", "sbrk", "brk", "mmap"} {
+			if strings.Contains(fn, c) {
+				return c
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,282 @@
+package analyzer
+
+import (
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// lockType is what kind of lock an instance is.
+type lockType uint8
+
+const (
+	typeMutex lockType = iota
+	typeRwlock
+	typeSpin
+	typeArena // the allocator's hidden lock
+)
+
+func (t lockType) word() string {
+	switch t {
+	case typeRwlock:
+		return "rwlock"
+	case typeSpin:
+		return "spinlock"
+	case typeArena:
+		return "allocator lock"
+	}
+	return "mutex"
+}
+
+func lockTypeOf(op events.Op) lockType {
+	switch {
+	case op >= events.OpRwlockRdlock && op <= events.OpRwlockUnlock:
+		return typeRwlock
+	case op >= events.OpSpinLock && op <= events.OpSpinUnlock:
+		return typeSpin
+	}
+	return typeMutex
+}
+
+// The rwlock preference (Event.Arg of rwlock calls) under which a read
+// lock waits behind a queued writer, so reads are not recursive.
+const rwlockPreferWriterNonrecursive = 2
+
+// heldLock is one lock a thread holds.
+type heldLock struct {
+	inst    *instance
+	addr    uint64
+	depth   int32
+	read    bool      // held for reading (shared)
+	inAlloc bool      // taken by a hook inside an allocator call
+	op      events.Op // the call that took it
+	stack   uint32    // where it was taken (stream-local stack ID)
+}
+
+// thread is one thread's state.
+type thread struct {
+	stream *stream
+	pid    uint32
+	tid    uint32
+	proc   *proc
+
+	held []heldLock
+
+	// User-probed functions active on the thread, innermost last.
+	probes        []activeProbe
+	probesInAlloc int // how many of them were entered inside the allocator
+
+	// The allocator call the thread made last from outside the allocator:
+	// hooks that run inside it are attributed to it.
+	allocOp    events.Op
+	allocStack uint32
+
+	hook hookContext
+}
+
+type activeProbe struct {
+	index   uint64
+	name    string
+	stack   uint32
+	inAlloc bool
+	allocOp events.Op
+}
+
+func (t *thread) findHeld(addr uint64) int {
+	for i := len(t.held) - 1; i >= 0; i-- {
+		if t.held[i].addr == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// release drops one level of the lock at addr (all of it when all is set,
+// as cond_wait does). Unlocks of locks the thread does not hold (lost
+// events, or a lock handed between threads) are counted and ignored.
+func (t *thread) release(addr uint64, all bool) {
+	i := t.findHeld(addr)
+	if i < 0 {
+		t.stream.unbalanced++
+		return
+	}
+	h := &t.held[i]
+	h.depth--
+	if h.depth > 0 && !all {
+		return
+	}
+	// Keep the order of the others: out-of-order unlocks are common.
+	copy(t.held[i:], t.held[i+1:])
+	t.held = t.held[:len(t.held)-1]
+}
+
+// exit forgets a thread's state; a TID can be reused later.
+func (t *thread) exit() {
+	t.held = t.held[:0]
+	t.probes = t.probes[:0]
+	t.probesInAlloc = 0
+	t.allocOp = events.OpNone
+	t.hook.reset()
+}
+
+// acquisition describes one lock being taken, for the shared code of lock
+// calls and cond_wait's retake.
+type acquisition struct {
+	op        events.Op
+	inst      *instance
+	addr      uint64
+	read      bool
+	recursive bool // the read is a recursive read
+	try       bool
+	timed     bool
+	inAlloc   bool
+	e         *events.Event
+}
+
+func (a *Analyzer) acquire(t *thread, e *events.Event, inAlloc bool) {
+	op := e.Op
+	try, timed := op.IsTry(), op.IsTimed()
+	if try || timed {
+		// Their outcome is known at return only.
+		if e.Flags&events.FlagReturn == 0 {
+			return
+		}
+		if e.Flags&events.FlagAcquired == 0 && e.Ret != 0 {
+			return
+		}
+	} else if e.Flags&events.FlagReturn != 0 {
+		// Blocking calls are traced at entry, already marked acquired.
+		return
+	}
+	typ := lockTypeOf(op)
+	inst := t.proc.lock(a, e.Addr, typ)
+	if typ == typeMutex {
+		// __kind: the low two bits are the type, higher bits robust/PI.
+		inst.recursive = events.MutexKind(e.Arg&3) == events.MutexRecursive
+		inst.errorCheck = events.MutexKind(e.Arg&3) == events.MutexErrorCheck
+	} else if typ == typeRwlock {
+		inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive
+	}
+	read := op.IsRead()
+	a.take(t, acquisition{
+		op:        op,
+		inst:      inst,
+		addr:      e.Addr,
+		read:      read,
+		recursive: read && !inst.nonRecursiveReads,
+		try:       try,
+		timed:     timed,
+		inAlloc:   inAlloc,
+		e:         e,
+	})
+}
+
+// condRetake handles pthread_cond_wait's return, which takes the mutex
+// back while the thread may hold other locks.
+func (a *Analyzer) condRetake(t *thread, e *events.Event, inAlloc bool) {
+	if t.findHeld(e.Addr2) >= 0 {
+		return // the release was lost; nothing to retake
+	}
+	inst := t.proc.lock(a, e.Addr2, typeMutex)
+	a.take(t, acquisition{op: e.Op, inst: inst, addr: e.Addr2, inAlloc: inAlloc, e: e})
+}
+
+func (a *Analyzer) take(t *thread, q acquisition) {
+	inst := q.inst
+	if !inst.used {
+		inst.used = true
+		inst.firstStack = t.stream.stack(q.e.Stack)
+	}
+	if i := t.findHeld(q.addr); i >= 0 {
+		a.retake(t, i, q)
+		return
+	}
+	if !q.try {
+		dt := depType(0)
+		if q.recursive {
+			dt |= depRecursiveRead
+		}
+		for i := range t.held {
+			a.lockEdge(t, &t.held[i], inst, q, dt)
+		}
+		if q.inAlloc {
+			a.hookAcquire(t, q)
+		}
+	}
+	t.held = append(t.held, heldLock{
+		inst:    inst,
+		addr:    q.addr,
+		depth:   1,
+		read:    q.read,
+		inAlloc: q.inAlloc,
+		op:      q.op,
+		stack:   q.e.Stack,
+	})
+}
+
+// retake handles a thread taking a lock it already holds.
+func (a *Analyzer) retake(t *thread, i int, q acquisition) {
+	h := &t.held[i]
+	// A hook inside the allocator re-taking a lock held since before the
+	// allocator call: the hook runs in the middle of the lock's critical
+	// section.
+	viaHook := q.inAlloc && !h.inAlloc
+	switch {
+	case q.try:
+		// A trylock of a held lock cannot wait; on success it nests.
+		h.depth++
+	case h.inst.typ == typeMutex && h.inst.recursive:
+		h.depth++
+		if viaHook {
+			a.selfLock(t, h, q, selfRecursiveHook)
+		}
+	case h.inst.typ == typeRwlock && h.read && q.read && q.recursive:
+		h.depth++
+	case h.inst.typ == typeRwlock && h.read && q.read:
+		h.depth++
+		a.selfLock(t, h, q, selfReadReentry)
+	case h.inst.typ == typeRwlock && !h.read:
+		// glibc knows its writer: the call fails with EDEADLK.
+		a.selfLock(t, h, q, selfErrorCheck)
+	case q.timed:
+		// Waits for itself until the deadline; the call then fails.
+		a.selfLock(t, h, q, selfTimed)
+	case h.inst.typ == typeMutex && h.inst.errorCheck:
+		a.selfLock(t, h, q, selfErrorCheck)
+	default:
+		a.selfLock(t, h, q, selfDeadlock)
+	}
+}
+
+// probeEnter pushes a user-probed function and checks nesting rules.
+func (a *Analyzer) probeEnter(t *thread, e *events.Event, inAlloc bool) {
+	name := t.stream.probeName(e.Arg)
+	p := activeProbe{index: e.Arg, name: name, stack: e.Stack, inAlloc: inAlloc}
+	if inAlloc {
+		p.allocOp = t.enclosingAllocOp(e)
+		t.probesInAlloc++
+		if t.stream.arenaEnabled {
+			t.hook.active = true
+			t.decideHook(t.stream.stack(e.Stack), "the entry of "+name)
+		}
+	}
+	if len(a.rules) > 0 {
+		a.checkNesting(t, e, name)
+	}
+	t.probes = append(t.probes, p)
+}
+
+// probeExit pops the function, and any left open above it (a longjmp out
+// of them, or their exits were lost).
+func (t *thread) probeExit(idx uint64) {
+	for i := len(t.probes) - 1; i >= 0; i-- {
+		if t.probes[i].index != idx {
+			continue
+		}
+		for _, p := range t.probes[i:] {
+			if p.inAlloc {
+				t.probesInAlloc--
+			}
+		}
+		t.probes = t.probes[:i]
+		return
+	}
+}

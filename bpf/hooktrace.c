@@ -1,0 +1,656 @@
+// SPDX-License-Identifier: GPL-2.0
+/* hooktrace's probes: allocator and pthread lock calls (uprobes), memory
+ * syscalls (the raw sys_enter tracepoint, which sees a call however it was
+ * made, even through a patched libc entry), and thread/process lifecycle
+ * (raw sched tracepoints). Everything goes to one ring buffer as records of
+ * hooktrace.h; per-thread state lives in maps. */
+#include "vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "hooktrace.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set by the tracer before load. */
+const volatile __u32 full_mode = 0;   /* emit every call, not only what the analysis needs */
+const volatile __u32 follow_forks = 0;
+const volatile __u32 want_samples = 1; /* raw stack samples inside allocator calls */
+
+/* Processes being traced (tgid -> 1). uprobes are PID-filtered by the
+ * kernel; the raw tracepoints are global and filter here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+struct thread_state {
+	__u64 alloc_sp;  /* where the outermost live allocator call's return address is */
+	__u64 alloc_ret; /* ... and that return address */
+	__u64 pend_addr; /* lock (or cond) address saved at entry for the return probe */
+	__u64 pend_addr2;
+	__u32 alloc_op;
+	__s32 held; /* locks held, as far as the probes saw */
+	__u32 pend_op;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} ring SEC(".maps");
+
+/* Stacks already sent, by hash (the hash covers the pid). LRU: an evicted
+ * stack is sent again, and user space deduplicates. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u8);
+} seen_stacks SEC(".maps");
+
+/* Every probe hit counted by op, emitted or not: the footer's call counts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, OP_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} calls SEC(".maps");
+
+/* Records the ring buffer had no room for, by record type. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 4);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+/* The floor: the same probe sites attached to this program measure what a
+ * trap and a counter cost, so benchmarks can tell probe cost from ours. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} floor_hits SEC(".maps");
+
+struct scratch {
+	__u64 ips[MAX_FRAMES + 1];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} scratch_map SEC(".maps");
+
+static __always_inline void count(__u32 *slot, void *map)
+{
+	__u64 *v = bpf_map_lookup_elem(map, slot);
+	if (v)
+		(*v)++;
+}
+
+static __always_inline void count_call(__u32 op)
+{
+	count(&op, &calls);
+}
+
+static __always_inline void count_lost(__u32 type)
+{
+	count(&type, &lost);
+}
+
+/* The cookie of a uprobe: op in the low 16 bits, the stack adjustment at the
+ * probe site (bytes pushed since the function's entry) above it. */
+#define COOKIE_OP(c) ((__u32)((c)&0xffff))
+#define COOKIE_ADJ(c) ((__u32)(((c) >> 16) & 0xffff))
+
+static __always_inline struct thread_state *thread_get(__u32 tid)
+{
+	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
+	if (st)
+		return st;
+	struct thread_state zero = {};
+	bpf_map_update_elem(&threads, &tid, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+/* Whether the thread is still inside the allocator call recorded in st,
+ * without a return probe (which would trap on the single-stepped first
+ * instruction of free): the call is live while the current stack is deeper
+ * and the recorded return-address slot still holds the same address. */
+static __always_inline int in_alloc(struct thread_state *st, __u64 sp)
+{
+	if (!st->alloc_sp)
+		return 0;
+	__u64 v = 0;
+	if (sp >= st->alloc_sp ||
+	    bpf_probe_read_user(&v, sizeof(v), (void *)st->alloc_sp) ||
+	    v != st->alloc_ret) {
+		st->alloc_sp = 0;
+		return 0;
+	}
+	return 1;
+}
+
+/* Takes the user stack: the frame-pointer chain, with the immediate caller
+ * put back (at a probe before the function's own frame is built, the
+ * caller's return address sits at [sp+adj], not in the chain). Sends it
+ * once per distinct hash and returns the hash. */
+static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	if (!s)
+		return 0;
+	long n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
+	if (n <= 0)
+		return 0;
+	__u32 nr = n / sizeof(__u64);
+	__u32 start = 1;
+	if (ret_slot) {
+		__u64 ret = 0;
+		if (!bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot) &&
+		    (nr < 2 || s->ips[2] != ret)) {
+			s->ips[0] = s->ips[1];
+			s->ips[1] = ret;
+			start = 0;
+			nr++;
+		}
+	}
+	if (nr > MAX_FRAMES)
+		nr = MAX_FRAMES;
+
+	__u64 hash = 0xcbf29ce484222325ULL ^ pid;
+	for (__u32 i = 0; i < MAX_FRAMES; i++) {
+		if (i >= nr)
+			break;
+		__u32 j = start + i;
+		if (j > MAX_FRAMES)
+			break;
+		hash ^= s->ips[j];
+		hash *= 0x100000001b3ULL;
+	}
+	if (!hash)
+		hash = 1;
+	if (bpf_map_lookup_elem(&seen_stacks, &hash))
+		return hash;
+
+	struct stack *r = bpf_ringbuf_reserve(&ring, sizeof(*r), 0);
+	if (!r) {
+		count_lost(REC_STACK);
+		return hash;
+	}
+	r->type = REC_STACK;
+	r->nr = nr;
+	r->pid = pid;
+	r->truncated = n == MAX_FRAMES * sizeof(__u64);
+	r->hash = hash;
+	for (__u32 i = 0; i < MAX_FRAMES; i++) {
+		__u32 j = start + i;
+		if (i >= nr || j > MAX_FRAMES)
+			r->ips[i] = 0;
+		else
+			r->ips[i] = s->ips[j];
+	}
+	bpf_ringbuf_submit(r, 0);
+	__u8 one = 1;
+	bpf_map_update_elem(&seen_stacks, &hash, &one, BPF_ANY);
+	return hash;
+}
+
+/* Sends raw stack memory for user-space unwinding; returns its id (top bit
+ * set, so it never equals a frame-pointer stack hash's namespace by
+ * accident), or 0. */
+static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp, __u64 until)
+{
+	if (!want_samples)
+		return 0;
+	struct sample *r = bpf_ringbuf_reserve(&ring, sizeof(*r), 0);
+	if (!r) {
+		count_lost(REC_SAMPLE);
+		return 0;
+	}
+	__u64 len = SAMPLE_BYTES;
+	if (until > sp && until - sp + 2048 < SAMPLE_BYTES)
+		len = until - sp + 2048;
+	len &= SAMPLE_BYTES - 1;
+	if (len < 64)
+		len = SAMPLE_BYTES - 8;
+	/* The top of a thread's stack may be closer than len: shrink until
+	 * the read succeeds. */
+	long err = bpf_probe_read_user(r->data, len, (void *)sp);
+	if (err) {
+		len = 1024;
+		err = bpf_probe_read_user(r->data, len, (void *)sp);
+	}
+	if (err) {
+		bpf_ringbuf_discard(r, 0);
+		return 0;
+	}
+	__u64 id = (1ULL << 63) | ((__u64)bpf_get_prandom_u32() << 20) | (bpf_ktime_get_ns() & 0xfffff);
+	r->type = REC_SAMPLE;
+	r->len = len;
+	r->pid = pid;
+	r->hash = id;
+	r->ip = ip;
+	r->sp = sp;
+	r->bp = bp;
+	bpf_ringbuf_submit(r, 0);
+	return id;
+}
+
+static __always_inline struct event *event_new(__u32 op, __u64 id)
+{
+	struct event *e = bpf_ringbuf_reserve(&ring, sizeof(*e), 0);
+	if (!e) {
+		count_lost(REC_EVENT);
+		return 0;
+	}
+	e->type = REC_EVENT;
+	e->op = op;
+	e->flags = 0;
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->time = bpf_ktime_get_ns();
+	e->addr = 0;
+	e->addr2 = 0;
+	e->size = 0;
+	e->arg = 0;
+	e->ret = 0;
+	e->stack = 0;
+	return e;
+}
+
+/* Marks an event made inside an allocator call (a hook the allocator ran). */
+static __always_inline void alloc_context(struct event *e, struct thread_state *st, __u64 sp)
+{
+	if (!in_alloc(st, sp))
+		return;
+	e->flags |= F_IN_ALLOC;
+	e->addr2 = st->alloc_op;
+}
+
+static __always_inline int is_mutex(__u32 op)
+{
+	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
+}
+
+static __always_inline int is_try_or_timed(__u32 op)
+{
+	switch (op) {
+	case OP_MUTEX_TRYLOCK:
+	case OP_MUTEX_TIMEDLOCK:
+	case OP_MUTEX_CLOCKLOCK:
+	case OP_RWLOCK_TRYRDLOCK:
+	case OP_RWLOCK_TRYWRLOCK:
+	case OP_RWLOCK_TIMEDRDLOCK:
+	case OP_RWLOCK_TIMEDWRLOCK:
+	case OP_RWLOCK_CLOCKRDLOCK:
+	case OP_RWLOCK_CLOCKWRLOCK:
+	case OP_SPIN_TRYLOCK:
+		return 1;
+	}
+	return 0;
+}
+
+/* Sends the event with the right stack: a raw sample inside an allocator
+ * call (glibc frames need CFI unwinding), a frame-pointer stack otherwise. */
+static __always_inline void send_with_stack(void *ctx, struct event *e, struct pt_regs *regs,
+					    __u64 ret_slot, struct thread_state *st)
+{
+	if ((e->flags & F_IN_ALLOC) && want_samples)
+		e->stack = take_sample(e->pid, PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs),
+				       st->alloc_sp);
+	if (!e->stack)
+		e->stack = take_stack(ctx, e->pid, ret_slot);
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("uprobe")
+int uprobe_hook(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 op = COOKIE_OP(cookie);
+	__u64 sp = PT_REGS_SP(ctx);
+	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+
+	count_call(op);
+	struct thread_state *st = thread_get(tid);
+	if (!st)
+		return 0;
+
+	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
+		int nested = in_alloc(st, sp);
+		__u32 outer = st->alloc_op;
+		if (!nested) {
+			st->alloc_sp = ret_slot;
+			bpf_probe_read_user(&st->alloc_ret, sizeof(st->alloc_ret), (void *)ret_slot);
+			st->alloc_op = op;
+		}
+		if (!full_mode && !nested && st->held <= 0)
+			return 0;
+		struct event *e = event_new(op, id);
+		if (!e)
+			return 0;
+		if (nested) {
+			e->flags |= F_IN_ALLOC;
+			e->addr2 = outer;
+		}
+		if (st->held > 0)
+			e->flags |= F_LOCKS_HELD;
+		__u64 a0 = PT_REGS_PARM1(ctx), a1 = PT_REGS_PARM2(ctx), a2 = PT_REGS_PARM3(ctx);
+		switch (op) {
+		case OP_MALLOC:
+		case OP_VALLOC:
+		case OP_PVALLOC:
+			e->size = a0;
+			break;
+		case OP_CALLOC:
+			e->size = a0 * a1;
+			break;
+		case OP_REALLOC:
+			e->addr = a0;
+			e->size = a1;
+			break;
+		case OP_FREE:
+			e->addr = a0;
+			if (a0) {
+				/* glibc's chunk header: the size, low bits flags. */
+				__u64 sz = 0;
+				if (!bpf_probe_read_user(&sz, sizeof(sz), (void *)(a0 - 8)))
+					e->size = (sz & ~7ULL) - 8;
+			}
+			break;
+		case OP_POSIX_MEMALIGN:
+			e->arg = a1;
+			e->size = a2;
+			break;
+		case OP_ALIGNED_ALLOC:
+		case OP_MEMALIGN:
+			e->arg = a0;
+			e->size = a1;
+			break;
+		}
+		send_with_stack(ctx, e, ctx, ret_slot, st);
+		return 0;
+	}
+
+	if (op == OP_PROBE_ENTER) {
+		struct event *e = event_new(op, id);
+		if (!e)
+			return 0;
+		e->arg = cookie >> 32;
+		alloc_context(e, st, sp);
+		if (st->held > 0)
+			e->flags |= F_LOCKS_HELD;
+		send_with_stack(ctx, e, ctx, ret_slot, st);
+		return 0;
+	}
+
+	/* Calls whose result matters are finished by the return probe. */
+	if (is_try_or_timed(op) || op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT) {
+		st->pend_op = op;
+		st->pend_addr = PT_REGS_PARM1(ctx);
+		st->pend_addr2 = PT_REGS_PARM2(ctx);
+		if (op != OP_COND_WAIT && op != OP_COND_TIMEDWAIT)
+			return 0;
+		/* cond_wait releases its mutex now. */
+		struct event *e = event_new(op, id);
+		if (!e)
+			return 0;
+		e->addr = st->pend_addr;
+		e->addr2 = st->pend_addr2;
+		if (st->held > 0)
+			st->held--;
+		send_with_stack(ctx, e, ctx, ret_slot, st);
+		return 0;
+	}
+
+	struct event *e = event_new(op, id);
+	if (!e)
+		return 0;
+	__u64 lock = PT_REGS_PARM1(ctx);
+	e->addr = lock;
+	if (is_mutex(op)) {
+		__u32 kind = 0;
+		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + 16));
+		e->arg = kind;
+	}
+	if (st->held > 0)
+		e->flags |= F_LOCKS_HELD;
+	switch (op) {
+	case OP_MUTEX_UNLOCK:
+	case OP_RWLOCK_UNLOCK:
+	case OP_SPIN_UNLOCK:
+		if (st->held > 0)
+			st->held--;
+		bpf_ringbuf_submit(e, 0);
+		return 0;
+	case OP_MUTEX_DESTROY:
+		bpf_ringbuf_submit(e, 0);
+		return 0;
+	case OP_MUTEX_INIT:
+		break;
+	default: /* blocking acquisitions */
+		e->flags |= F_ACQUIRED;
+		st->held++;
+		alloc_context(e, st, sp);
+	}
+	send_with_stack(ctx, e, ctx, ret_slot, st);
+	return 0;
+}
+
+SEC("uretprobe")
+int uretprobe_hook(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 op = COOKIE_OP(cookie);
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
+	if (!st)
+		return 0;
+	__s64 ret = PT_REGS_RC(ctx);
+
+	if (op == OP_PROBE_EXIT) {
+		struct event *e = event_new(op, id);
+		if (!e)
+			return 0;
+		e->flags |= F_RETURN;
+		e->arg = cookie >> 32;
+		e->ret = ret;
+		bpf_ringbuf_submit(e, 0);
+		return 0;
+	}
+	if (st->pend_op != op)
+		return 0;
+	st->pend_op = 0;
+	struct event *e = event_new(op, id);
+	if (!e)
+		return 0;
+	e->flags |= F_RETURN;
+	e->addr = st->pend_addr;
+	e->addr2 = st->pend_addr2;
+	e->ret = (int)ret;
+	__u64 sp = PT_REGS_SP(ctx);
+	if (op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT) {
+		/* The mutex is held again whatever the wait's result. */
+		e->flags |= F_ACQUIRED;
+		st->held++;
+	} else if ((int)ret == 0) {
+		e->flags |= F_ACQUIRED;
+		st->held++;
+	}
+	if (is_mutex(op)) {
+		__u32 kind = 0;
+		bpf_probe_read_user(&kind, sizeof(kind), (void *)(e->addr + 16));
+		e->arg = kind;
+	}
+	if (st->held > 1 || ((e->flags & F_ACQUIRED) == 0 && st->held > 0))
+		e->flags |= F_LOCKS_HELD;
+	alloc_context(e, st, sp);
+	/* At the return the caller's frame is whole: no slot to put back. */
+	send_with_stack(ctx, e, ctx, 0, st);
+	return 0;
+}
+
+SEC("uprobe")
+int uprobe_floor(struct pt_regs *ctx)
+{
+	__u32 zero = 0;
+	count(&zero, &floor_hits);
+	return 0;
+}
+
+/* Memory syscalls, from the raw tracepoint: sees calls made through a
+ * patched libc entry or a raw syscall instruction, and costs no trap. */
+SEC("raw_tracepoint/sys_enter")
+int sys_enter(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (!bpf_map_lookup_elem(&traced, &pid))
+		return 0;
+	long nr = ctx->args[1];
+	__u32 op;
+	switch (nr) {
+	case 9:
+		op = OP_MMAP;
+		break;
+	case 11:
+		op = OP_MUNMAP;
+		break;
+	case 12:
+		op = OP_BRK;
+		break;
+	case 25:
+		op = OP_MREMAP;
+		break;
+	case 28:
+		op = OP_MADVISE;
+		break;
+	default:
+		return 0;
+	}
+	count_call(op);
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	struct pt_regs r = {};
+	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
+		return 0;
+	struct thread_state *st = thread_get((__u32)id);
+	if (!st)
+		return 0;
+	struct event *e = event_new(op, id);
+	if (!e)
+		return 0;
+	/* Syscall arguments: rdi, rsi, rdx, r10, r8. */
+	e->addr = r.di;
+	switch (op) {
+	case OP_MADVISE:
+		e->size = r.si;
+		e->arg = r.dx;
+		break;
+	case OP_MUNMAP:
+		e->size = r.si;
+		break;
+	case OP_MREMAP:
+		e->size = r.si;
+		e->arg = r.dx;
+		break;
+	case OP_MMAP:
+		e->size = r.si;
+		e->arg = r.dx | (r.r10 << 32);
+		break;
+	}
+	if (st->held > 0)
+		e->flags |= F_LOCKS_HELD;
+	alloc_context(e, st, r.sp);
+	if ((e->flags & F_IN_ALLOC) && want_samples)
+		e->stack = take_sample(pid, r.ip, r.sp, r.bp, st->alloc_sp);
+	if (!e->stack)
+		e->stack = take_stack(ctx, pid, r.sp);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("raw_tracepoint/sched_process_fork")
+int sched_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *parent = (struct task_struct *)ctx->args[0];
+	struct task_struct *child = (struct task_struct *)ctx->args[1];
+	__u32 ppid = BPF_CORE_READ(parent, tgid);
+	if (!bpf_map_lookup_elem(&traced, &ppid))
+		return 0;
+	__u32 ctid = BPF_CORE_READ(child, pid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	int process = ctgid != ppid;
+	if (process && follow_forks) {
+		__u8 one = 1;
+		bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY);
+	}
+	__u64 id = bpf_get_current_pid_tgid();
+	count_call(OP_THREAD_CREATE);
+	struct event *e = event_new(OP_THREAD_CREATE, id);
+	if (!e)
+		return 0;
+	e->arg = ctid;
+	e->addr = ctgid;
+	if (process)
+		e->flags |= F_PROCESS;
+	e->stack = take_stack(ctx, e->pid, 0);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("raw_tracepoint/sched_process_exit")
+int sched_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	__u32 tid = (__u32)id;
+	if (!bpf_map_lookup_elem(&traced, &pid))
+		return 0;
+	bpf_map_delete_elem(&threads, &tid);
+	count_call(OP_THREAD_EXIT);
+	struct event *e = event_new(OP_THREAD_EXIT, id);
+	if (!e)
+		return 0;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	e->ret = BPF_CORE_READ(task, exit_code);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("raw_tracepoint/sched_process_exec")
+int sched_exec(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (!bpf_map_lookup_elem(&traced, &pid))
+		return 0;
+	count_call(OP_EXEC);
+	struct event *e = event_new(OP_EXEC, id);
+	if (!e)
+		return 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* Keep the record types in BTF for bpf2go's generated Go types. */
+const struct event *unused_event __attribute__((unused));
+const struct stack *unused_stack __attribute__((unused));
+const struct sample *unused_sample __attribute__((unused));

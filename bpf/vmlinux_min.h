@@ -1,0 +1,42 @@
+/* The few kernel types the probes use, instead of a full vmlinux.h: x86-64
+ * user registers as the kernel saves them, and the task fields read through
+ * CO-RE (relocated against the running kernel's BTF at load time). */
+#ifndef VMLINUX_MIN_H
+#define VMLINUX_MIN_H
+/* Tells bpf_tracing.h to use the kernel's pt_regs field names. */
+#define __VMLINUX_H__
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+
+struct pt_regs {
+	unsigned long r15;
+	unsigned long r14;
+	unsigned long r13;
+	unsigned long r12;
+	unsigned long bp;
+	unsigned long bx;
+	unsigned long r11;
+	unsigned long r10;
+	unsigned long r9;
+	unsigned long r8;
+	unsigned long ax;
+	unsigned long cx;
+	unsigned long dx;
+	unsigned long si;
+	unsigned long di;
+	unsigned long orig_ax;
+	unsigned long ip;
+	unsigned long cs;
+	unsigned long flags;
+	unsigned long sp;
+	unsigned long ss;
+};
+
+struct task_struct {
+	int exit_code;
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
+
+#endif

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+
+	"github.com/hooktrace/hooktrace/analyzer"
+	"github.com/hooktrace/hooktrace/events"
+)
+
+func newAnalyzeCmd() *cobra.Command {
+	var format, failOn string
+	var forbid []string
+	c := &cobra.Command{
+		Use:   "analyze [flags] TRACE.htr...",
+		Short: "Analyze saved traces (several are merged into one lock graph)",
+		Example: `  hooktrace analyze app.htr
+  hooktrace analyze --format json trace-*.htr`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			rules, err := parseRules(forbid)
+			if err != nil {
+				return err
+			}
+			a := analyzer.New(analyzer.Options{Forbid: rules})
+			for _, path := range args {
+				if err := analyzeFile(a, path); err != nil {
+					return err
+				}
+			}
+			return writeReport(c.OutOrStdout(), a.Result(), format, failOn)
+		},
+	}
+	c.Flags().StringVarP(&format, "format", "f", "text", "report format: text or json")
+	c.Flags().StringVar(&failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
+	c.Flags().StringArrayVar(&forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack")
+	return c
+}
+
+// analyzeFile feeds one trace to a. A trace cut short (the tracer was
+// killed) is analyzed up to its last whole block, with a warning; the
+// result then says it is incomplete. A corrupt one is an error.
+func analyzeFile(a *analyzer.Analyzer, path string) error {
+	r, err := events.Open(path)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	a.BeginStream(path)
+	var rec events.Record
+	for {
+		err := r.NextInto(&rec)
+		if err == io.EOF {
+			return nil
+		}
+		if errors.Is(err, events.ErrTruncated) {
+			slog.Warn(fmt.Sprintf("%s: %v; analyzing what was written", path, err))
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", path, err)
+		}
+		a.Add(&rec)
+	}
+}
+
+func parseRules(specs []string) ([]analyzer.Rule, error) {
+	var rules []analyzer.Rule
+	for _, s := range specs {
+		r, err := analyzer.ParseRule(s)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		rules = append(rules, r)
+	}
+	return rules, nil
+}

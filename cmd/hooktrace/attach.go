@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+)
+
+func newAttachCmd() *cobra.Command {
+	f := &traceFlags{}
+	var pid int
+	var duration time.Duration
+	c := &cobra.Command{
+		Use:   "attach --pid PID [flags]",
+		Short: "Trace a running process until Ctrl-C, SIGTERM, --duration or its exit",
+		Example: `  hooktrace attach --pid 1234 --duration 30s -o live.htr`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			if pid <= 0 {
+				return usageError{fmt.Errorf("--pid is required")}
+			}
+			return attachTraced(f, pid, duration)
+		},
+	}
+	f.register(c)
+	c.Flags().IntVarP(&pid, "pid", "p", 0, "the process to trace")
+	c.Flags().DurationVarP(&duration, "duration", "d", 0, "stop after this long (0: until Ctrl-C or the target exits)")
+	return c
+}
+
+func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
+	s, err := newSession(f)
+	if err != nil {
+		return err
+	}
+	// A pidfd tells when the target exits, even though it is not our child.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		s.tr.Close()
+		return fmt.Errorf("pid %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	s.header.PID = uint32(pid)
+	s.header.Exe, _ = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err := s.tr.Attach(pid, ""); err != nil {
+		s.tr.Close()
+		return err
+	}
+	stop := make(chan struct{})
+	done, err := s.start(stop)
+	if err != nil {
+		s.tr.Close()
+		return err
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	exited := make(chan struct{})
+	go func() {
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			if n > 0 || err != nil {
+				close(exited)
+				return
+			}
+		}
+	}()
+	var timeout <-chan time.Time
+	if duration > 0 {
+		timeout = time.After(duration)
+	}
+	var reason string
+	select {
+	case sig := <-sigs:
+		reason = "stopped by " + sig.String()
+	case <-timeout:
+		reason = "duration elapsed"
+	case <-exited:
+		reason = "target exited"
+	}
+	close(stop)
+	runErr := <-done
+	foot, err := s.finish(reason, nil, "")
+	if runErr != nil {
+		return runErr
+	}
+	if err != nil {
+		return err
+	}
+	return s.report(foot)
+}

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// The end-to-end tests run the real hooktrace binary, with real probes,
+// against C programs they build. They need root and eBPF; with CI set they
+// fail rather than skip when those are missing.
+
+var hooktraceBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "hooktrace-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	hooktraceBin = filepath.Join(dir, "hooktrace")
+	out, err := exec.Command("go", "build", "-o", hooktraceBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building hooktrace: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireBPF stops a test that cannot load BPF programs here: a failure
+// under CI, a skip elsewhere.
+func requireBPF(t *testing.T) {
+	t.Helper()
+	why := ""
+	if os.Geteuid() != 0 {
+		why = "not root"
+	} else if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		why = "no kernel BTF"
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("eBPF unavailable under CI: %s", why)
+	}
+	t.Skipf("eBPF unavailable: %s", why)
+}
+
+// buildC compiles testdata/NAME.c the way HPC code is often built for
+// debugging: with frame pointers and DWARF.
+func buildC(t *testing.T, name string, extra ...string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), name)
+	args := append([]string{"-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out,
+		filepath.Join("..", "..", "testdata", name+".c")}, extra...)
+	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", name, err, b)
+	}
+	return out
+}
+
+// hooktrace runs the binary and returns stdout, stderr and the exit code.
+func hooktrace(t *testing.T, stdin io.Reader, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(hooktraceBin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("running hooktrace: %v", err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+type jsonReport struct {
+	Version int `json:"version"`
+	Stats   struct {
+		Events     uint64            `json:"events"`
+		LostEvents uint64            `json:"lost_events"`
+		Threads    int               `json:"threads"`
+		Complete   bool              `json:"complete"`
+		Calls      map[string]uint64 `json:"calls"`
+	} `json:"stats"`
+	Findings []json.RawMessage `json:"findings"`
+}
+
+func parseReport(t *testing.T, out string) jsonReport {
+	t.Helper()
+	var r jsonReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	return r
+}
+
+// readTrace returns every record of a trace file, stacks by ID.
+func readTrace(t *testing.T, path string) (evs []events.Event, stacks map[uint32]*events.Stack, r *events.Reader) {
+	t.Helper()
+	r, err := events.Open(path)
+	if err != nil {
+		t.Fatalf("opening %s: %v", path, err)
+	}
+	t.Cleanup(func() { r.Close() })
+	stacks = map[uint32]*events.Stack{}
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("reading %s: %v", path, err)
+		}
+		switch rec.Kind {
+		case events.RecEvent:
+			evs = append(evs, rec.Event)
+		case events.RecStack:
+			s := *rec.Stack
+			s.Frames = append([]events.Frame(nil), s.Frames...)
+			stacks[s.ID] = &s
+		}
+	}
+	return evs, stacks, r
+}
+
+func stackHas(s *events.Stack, fn string) bool {
+	if s == nil {
+		return false
+	}
+	for _, f := range s.Frames {
+		if f.Function == fn {
+			return true
+		}
+	}
+	return false
+}
+
+func stackString(s *events.Stack) string {
+	if s == nil {
+		return "<none>"
+	}
+	var b strings.Builder
+	for _, f := range s.Frames {
+		fmt.Fprintf(&b, "\n  %#x %s+%#x (%s)", f.Addr, f.Function, f.Offset, filepath.Base(f.Object))
+	}
+	return b.String()
+}
+
+// TestRunCountsEveryMalloc: 4 threads make 2,500 malloc(777) calls each
+// under a lock. Both modes must deliver exactly those 10,000 events (a
+// malloc under a lock is what the aggregate mode keeps), each on a worker
+// thread, with the caller in the stack.
+func TestRunCountsEveryMalloc(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "mallocs")
+	for _, mode := range []string{"full", "aggregate"} {
+		t.Run(mode, func(t *testing.T) {
+			trace := filepath.Join(t.TempDir(), "m.htr")
+			stdout, stderr, code := hooktrace(t, nil, "run", "--mode", mode, "--format", "json", "-o", trace, "--", prog)
+			if code != 0 {
+				t.Fatalf("exit %d\n%s", code, stderr)
+			}
+			tids := map[uint32]int{}
+			for _, line := range strings.Split(stderr, "\n") {
+				var tid uint32
+				if _, err := fmt.Sscanf(line, "tid %d", &tid); err == nil {
+					tids[tid] = 0
+				}
+			}
+			if len(tids) != 4 {
+				t.Fatalf("want 4 worker TIDs from the target, got %v\n%s", tids, stderr)
+			}
+			rep := parseReport(t, stdout)
+			if rep.Stats.LostEvents != 0 || !rep.Stats.Complete {
+				t.Errorf("lost %d events, complete=%v", rep.Stats.LostEvents, rep.Stats.Complete)
+			}
+			if n := rep.Stats.Calls["malloc"]; n < 10000 {
+				t.Errorf("calls.malloc = %d, want at least 10000", n)
+			}
+			if n := rep.Stats.Calls["pthread_mutex_lock"]; n < 10000 {
+				t.Errorf("calls.pthread_mutex_lock = %d, want at least 10000", n)
+			}
+			evs, stacks, r := readTrace(t, trace)
+			if f := r.Footer(); f == nil || f.ExitStatus == nil || *f.ExitStatus != 3 {
+				t.Errorf("footer exit status: want 3, got %+v", f)
+			}
+			n777 := 0
+			for i := range evs {
+				e := &evs[i]
+				if e.Op != events.OpMalloc || e.Size != 777 {
+					continue
+				}
+				n777++
+				if _, ok := tids[e.TID]; !ok {
+					t.Fatalf("malloc(777) on thread %d, not a worker", e.TID)
+				}
+				tids[e.TID]++
+				if !e.Has(events.FlagLocksHeld) {
+					t.Fatalf("malloc(777) without FlagLocksHeld: %+v", e)
+				}
+				if !stackHas(stacks[e.Stack], "worker_alloc") {
+					t.Fatalf("malloc(777) stack lacks worker_alloc:%s", stackString(stacks[e.Stack]))
+				}
+			}
+			if n777 != 10000 {
+				t.Errorf("malloc(777) events = %d, want exactly 10000", n777)
+			}
+			for tid, n := range tids {
+				if n != 2500 {
+					t.Errorf("thread %d made %d malloc(777) calls, want 2500", tid, n)
+				}
+			}
+		})
+	}
+}
+
+// TestAttachLeavesTargetRight attaches to a program that checks its own
+// arithmetic, detaches, and the program must still give the right answer.
+func TestAttachLeavesTargetRight(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "arith")
+	cmd := exec.Command(prog)
+	stdin, _ := cmd.StdinPipe()
+	stdoutPipe, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	out := bufio.NewReader(stdoutPipe)
+	if line, _ := out.ReadString('\n'); line != "ready\n" {
+		t.Fatalf("target said %q", line)
+	}
+	trace := filepath.Join(t.TempDir(), "a.htr")
+	stdout, stderr, code := hooktrace(t, nil, "attach", "--pid", fmt.Sprint(cmd.Process.Pid),
+		"--duration", "2s", "--format", "json", "-o", trace)
+	if code != 0 {
+		t.Fatalf("attach exit %d\n%s", code, stderr)
+	}
+	rep := parseReport(t, stdout)
+	if rep.Stats.Calls["pthread_mutex_lock"] == 0 || rep.Stats.Calls["malloc"] == 0 {
+		t.Errorf("attach saw no locks or mallocs: %v", rep.Stats.Calls)
+	}
+	// The target runs on, untraced, and must still be right.
+	time.Sleep(200 * time.Millisecond)
+	io.WriteString(stdin, "stop\n")
+	rest, _ := io.ReadAll(out)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("target after detach: %v\n%s", err, rest)
+	}
+	if !strings.HasPrefix(string(rest), "right: ") {
+		t.Fatalf("target's answer after detach: %q", rest)
+	}
+	evs, _, _ := readTrace(t, trace)
+	locks := 0
+	for _, e := range evs {
+		if e.Op == events.OpMutexLock {
+			locks++
+		}
+	}
+	if locks == 0 {
+		t.Errorf("no pthread_mutex_lock events in the trace")
+	}
+}
+
+// TestUserErrors: each error a user will hit gets one clear line and its
+// own exit code.
+func TestUserErrors(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "mallocs")
+	cases := []struct {
+		name string
+		args []string
+		code int
+		says string
+	}{
+		{"no such pid", []string{"attach", "--pid", "999999999", "--duration", "1s"}, exitNoProcess, "no such process"},
+		{"kernel thread", []string{"attach", "--pid", "2", "--duration", "1s"}, exitKernelTask, "kernel thread"},
+		{"missing symbol", []string{"run", "--probe", "no_such_function_here", "--", prog}, exitNoSymbol, "no_such_function_here"},
+		{"bad flag", []string{"run", "--no-such-flag", "--", prog}, exitUsage, "unknown flag"},
+		{"missing pid flag", []string{"attach"}, exitUsage, "--pid"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, stderr, code := hooktrace(t, nil, c.args...)
+			if code != c.code || !strings.Contains(stderr, c.says) {
+				t.Errorf("exit %d (want %d), stderr %q (want it to say %q)", code, c.code, stderr, c.says)
+			}
+		})
+	}
+}

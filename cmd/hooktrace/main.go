@@ -1,0 +1,116 @@
+// Command hooktrace traces memory hooks, allocator calls and pthread locks
+// in a live process with eBPF, and reports potential deadlocks.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+
+	"github.com/spf13/cobra"
+
+	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
+)
+
+// version is set with -ldflags "-X main.version=...".
+var version = "dev"
+
+func init() {
+	// The gate must exec from the main thread; init runs there.
+	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
+		runtime.LockOSThread()
+		tracer.RunGate(os.Args[2:])
+	}
+}
+
+// Exit codes. 1 is reserved for findings at or above --fail-on.
+const (
+	exitOK         = 0
+	exitFindings   = 1
+	exitUsage      = 2
+	exitFailure    = 3 // tracing or I/O failure
+	exitPermission = 4
+	exitNoProcess  = 5
+	exitKernelTask = 6
+	exitNoSymbol   = 7
+)
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func main() {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	root := newRootCmd()
+	err := root.Execute()
+	os.Exit(exitCode(err))
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(os.Stderr, "hooktrace: %v\n", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintf(os.Stderr, "hooktrace: %v\n", err)
+	switch {
+	case errors.Is(err, tracer.ErrPermission):
+		return exitPermission
+	case errors.Is(err, tracer.ErrNoProcess):
+		return exitNoProcess
+	case errors.Is(err, tracer.ErrKernelTask):
+		return exitKernelTask
+	case isSymbolError(err):
+		return exitNoSymbol
+	case isUsage(err):
+		return exitUsage
+	}
+	return exitFailure
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "hooktrace",
+		Short: "Find potential deadlocks between memory hooks, the allocator and pthread locks",
+		Long: `hooktrace attaches eBPF probes to malloc/free, the memory syscalls and the
+pthread lock calls of a process, rebuilds each thread's lock order with
+glibc's hidden arena lock and hook contexts modelled, and reports every
+potential deadlock it saw evidence of, with stacks, even from a run that did
+not hang.`,
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{err}
+	})
+	root.AddCommand(newRunCmd(), newAttachCmd(), newAnalyzeCmd())
+	return root
+}
+
+// usageError marks a mistake in the command line.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+func isUsage(err error) bool {
+	var u usageError
+	return errors.As(err, &u)
+}
+
+func isSymbolError(err error) bool {
+	return errors.Is(err, symbolize.ErrSymbolNotFound) || errors.Is(err, symbolize.ErrStripped)
+}

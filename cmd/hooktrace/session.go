@@ -1,0 +1,267 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+	"golang.org/x/term"
+
+	"github.com/hooktrace/hooktrace/analyzer"
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/tracer"
+)
+
+// traceFlags are the flags run and attach share.
+type traceFlags struct {
+	output      string
+	mode        string
+	followForks bool
+	probes      []string
+	forbid      []string
+	ringMiB     int
+	noSamples   bool
+	format      string
+	failOn      string
+}
+
+func (f *traceFlags) register(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file (.htr)")
+	fl.StringVar(&f.mode, "mode", tracer.ModeAggregate, "aggregate: send what the analysis needs and count the rest in the kernel; full: every call")
+	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
+	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; repeatable)")
+	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
+	fl.IntVar(&f.ringMiB, "ring-mib", 16, "ring buffer size in MiB (a power of two)")
+	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
+	fl.StringVarP(&f.format, "format", "f", "text", "report format: text or json")
+	fl.StringVar(&f.failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
+}
+
+// userProbes is --probe plus both sides of every --forbid rule.
+func (f *traceFlags) userProbes() ([]string, error) {
+	out := append([]string(nil), f.probes...)
+	have := map[string]bool{}
+	for _, p := range out {
+		have[p] = true
+	}
+	for _, r := range f.forbid {
+		outer, inner, ok := strings.Cut(r, ">")
+		outer, inner = strings.TrimSpace(outer), strings.TrimSpace(inner)
+		if !ok || outer == "" || inner == "" {
+			return nil, usageError{fmt.Errorf("--forbid %q: want OUTER>INNER", r)}
+		}
+		for _, p := range []string{outer, inner} {
+			if !have[p] {
+				have[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out, nil
+}
+
+// session is one tracing run: the tracer, the trace file, the live status.
+type session struct {
+	flags  *traceFlags
+	tr     *tracer.Tracer
+	header events.Header
+	sink   *recordSink
+	status *statusLine
+}
+
+func newSession(f *traceFlags) (*session, error) {
+	probes, err := f.userProbes()
+	if err != nil {
+		return nil, err
+	}
+	if f.ringMiB <= 0 || f.ringMiB&(f.ringMiB-1) != 0 {
+		return nil, usageError{fmt.Errorf("--ring-mib %d: want a power of two", f.ringMiB)}
+	}
+	tr, err := tracer.New(tracer.Options{
+		Mode:        f.mode,
+		FollowForks: f.followForks,
+		RingBytes:   f.ringMiB << 20,
+		NoSamples:   f.noSamples,
+		UserProbes:  probes,
+		Forbid:      f.forbid,
+		Warn:        func(s string) { slog.Warn(s) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := &session{flags: f, tr: tr}
+	s.header = events.Header{
+		Version:    events.Version,
+		Tool:       "hooktrace " + version,
+		Host:       hostname(),
+		Kernel:     kernelRelease(),
+		Clock:      "CLOCK_MONOTONIC",
+		StartUnix:  time.Now().UnixNano(),
+		StartNS:    monotonicNow(),
+		Mode:       f.mode,
+		UserProbes: probes,
+		Forbid:     f.forbid,
+	}
+	return s, nil
+}
+
+// start opens the output and runs the reader until stop closes; the
+// returned channel yields Run's error.
+func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
+	s.header.Probes = s.tr.Sites()
+	sink, err := newRecordSink(s.flags.output, &s.header)
+	if err != nil {
+		return nil, err
+	}
+	s.sink = sink
+	s.status = newStatusLine(s.tr)
+	done := make(chan error, 1)
+	go func() { done <- s.tr.Run(stop, s.sink.add) }()
+	return done, nil
+}
+
+// finish writes the footer and closes the trace.
+func (s *session) finish(reason string, exit *int, signal string) (*events.Footer, error) {
+	s.status.stop()
+	foot := &events.Footer{
+		EndNS:      monotonicNow(),
+		Events:     s.tr.Events(),
+		Lost:       s.tr.Lost(),
+		Calls:      s.tr.Calls(),
+		ExitStatus: exit,
+		ExitSignal: signal,
+		Reason:     reason,
+	}
+	err := s.sink.close(foot)
+	s.tr.Close()
+	return foot, err
+}
+
+// statusLine prints a one-line live status on a terminal, nothing elsewhere.
+type statusLine struct {
+	tr   *tracer.Tracer
+	quit chan struct{}
+	done chan struct{}
+}
+
+func newStatusLine(tr *tracer.Tracer) *statusLine {
+	s := &statusLine{tr: tr, quit: make(chan struct{}), done: make(chan struct{})}
+	if !term.IsTerminal(int(os.Stderr.Fd())) {
+		close(s.done)
+		return s
+	}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		var last uint64
+		for {
+			select {
+			case <-s.quit:
+				fmt.Fprint(os.Stderr, "\r\033[K")
+				return
+			case <-tick.C:
+				n := tr.Events()
+				fmt.Fprintf(os.Stderr, "\r\033[Khooktrace: %d events/s, %d events, %d lost", n-last, n, tr.Lost())
+				last = n
+			}
+		}
+	}()
+	return s
+}
+
+func (s *statusLine) stop() {
+	select {
+	case <-s.quit:
+	default:
+		close(s.quit)
+	}
+	<-s.done
+}
+
+// recordSink receives the live stream: it feeds the analyzer and writes the
+// trace file.
+type recordSink struct {
+	an      *analyzer.Analyzer
+	f       *os.File
+	w       *events.Writer
+	last    time.Time
+}
+
+func newRecordSink(path string, h *events.Header) (*recordSink, error) {
+	s := &recordSink{an: analyzer.New(analyzer.Options{})}
+	s.an.BeginStream("live")
+	s.an.Add(&events.Record{Kind: events.RecHeader, Header: h})
+	if path == "" {
+		return s, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("creating the trace file: %w", err)
+	}
+	s.f = f
+	s.w = events.NewWriter(f)
+	if err := s.w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("writing %s: %w", path, err)
+	}
+	s.last = time.Now()
+	return s, nil
+}
+
+func (s *recordSink) add(r *events.Record) error {
+	s.an.Add(r)
+	if s.w == nil {
+		return nil
+	}
+	if err := s.w.Write(r); err != nil {
+		return fmt.Errorf("writing the trace: %w", err)
+	}
+	// Flush now and then, so a tracer killed mid-run loses little.
+	if time.Since(s.last) > time.Second {
+		s.last = time.Now()
+		return s.w.Flush()
+	}
+	return nil
+}
+
+func (s *recordSink) close(foot *events.Footer) error {
+	if s.w == nil {
+		return nil
+	}
+	err := s.w.Write(&events.Record{Kind: events.RecFooter, Footer: foot})
+	if cerr := s.w.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := s.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("closing the trace file: %w", err)
+	}
+	return nil
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}

@@ -1,0 +1,417 @@
+package reports
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/olekukonko/tablewriter"
+	"github.com/olekukonko/tablewriter/renderer"
+	"github.com/olekukonko/tablewriter/tw"
+
+	"github.com/hooktrace/hooktrace/analyzer"
+)
+
+// maxFrames bounds each printed stack; the JSON report has them all.
+const maxFrames = 16
+
+// textWidth is where explanations wrap.
+const textWidth = 100
+
+// Text writes res for people: whether the trace is complete, what was
+// traced, a table of findings by kind and severity, then each finding with
+// its cycle, locks, threads, per-edge stacks and a possible scenario.
+func Text(w io.Writer, res *analyzer.Result) error {
+	bw := bufio.NewWriter(w)
+	p := &printer{w: bw}
+	st := &res.Stats
+
+	if !st.Complete {
+		p.incomplete(st)
+	}
+	p.line("hooktrace: %s", findingCount(res.Findings))
+	p.line("stats: %d events, %d lost events, %s, %s (%s), %s%s",
+		st.Events, st.LostEvents, plural(st.Threads, "thread"), plural(st.Locks, "lock"),
+		plural(st.LockClasses, "class"), plural(st.Dependencies, "lock dependency"), exitText(st))
+	p.line("calls: %s", callsText(st.Calls))
+	for _, warn := range st.Warnings {
+		p.line("warning: %s", warn)
+	}
+	if len(st.Traces) > 1 {
+		for _, t := range st.Traces {
+			state := "complete"
+			if !t.Complete {
+				state = "INCOMPLETE: " + t.Incomplete
+			}
+			p.line("  trace %s: pid %d, %d events, %s", orDash(t.Source), t.PID, t.Events, state)
+		}
+	}
+	p.blank()
+
+	if len(res.Findings) > 0 {
+		if err := p.summary(res.Findings); err != nil {
+			return err
+		}
+		for i := range res.Findings {
+			p.blank()
+			if err := p.finding(i+1, &res.Findings[i]); err != nil {
+				return err
+			}
+		}
+	}
+	if !st.Complete {
+		p.blank()
+		p.incomplete(st)
+	}
+	if p.err != nil {
+		return p.err
+	}
+	return bw.Flush()
+}
+
+type printer struct {
+	w   *bufio.Writer
+	err error
+}
+
+func (p *printer) line(format string, args ...any) {
+	if p.err != nil {
+		return
+	}
+	_, p.err = fmt.Fprintf(p.w, format+"\n", args...)
+}
+
+func (p *printer) blank() { p.line("") }
+
+// wrapped prints text after a label, wrapped and indented under itself.
+func (p *printer) wrapped(indent, label, text string) {
+	lines := wrap(text, textWidth-len(indent)-len(label))
+	for i, l := range lines {
+		if i == 0 {
+			p.line("%s%s%s", indent, label, l)
+		} else {
+			p.line("%s%s%s", indent, strings.Repeat(" ", len(label)), l)
+		}
+	}
+}
+
+func (p *printer) incomplete(st *analyzer.Stats) {
+	p.line("INCOMPLETE: %s — findings may be missing (and lost unlocks can make false ones)", st.Incomplete)
+}
+
+// summary is the table of findings by kind and severity.
+func (p *printer) summary(fs []analyzer.Finding) error {
+	type key struct {
+		kind analyzer.Kind
+		sev  analyzer.Severity
+	}
+	counts := map[key]int{}
+	var keys []key
+	for _, f := range fs {
+		k := key{f.Kind, f.Severity}
+		if counts[k] == 0 {
+			keys = append(keys, k)
+		}
+		counts[k]++
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].sev.Rank() != keys[j].sev.Rank() {
+			return keys[i].sev.Rank() > keys[j].sev.Rank()
+		}
+		return keys[i].kind < keys[j].kind
+	})
+	rows := [][]string{}
+	for _, k := range keys {
+		rows = append(rows, []string{string(k.sev), string(k.kind), fmt.Sprint(counts[k])})
+	}
+	return p.table("", []string{"SEVERITY", "KIND", "FINDINGS"}, rows)
+}
+
+// table renders an ASCII table, each line indented.
+func (p *printer) table(indent string, header []string, rows [][]string) error {
+	if p.err != nil {
+		return p.err
+	}
+	var buf bytes.Buffer
+	t := tablewriter.NewTable(&buf,
+		tablewriter.WithRenderer(renderer.NewBlueprint(tw.Rendition{Symbols: tw.NewSymbols(tw.StyleASCII)})),
+		tablewriter.WithRowAutoWrap(tw.WrapNone),
+		tablewriter.WithHeaderAutoFormat(tw.Off),
+		tablewriter.WithHeaderAlignment(tw.AlignLeft),
+		tablewriter.WithRowAlignment(tw.AlignLeft),
+	)
+	t.Header(header)
+	for _, r := range rows {
+		if err := t.Append(r); err != nil {
+			return err
+		}
+	}
+	if err := t.Render(); err != nil {
+		return err
+	}
+	for _, l := range strings.Split(strings.TrimRight(buf.String(), "\n"), "\n") {
+		p.line("%s%s", indent, l)
+	}
+	return p.err
+}
+
+func (p *printer) finding(n int, f *analyzer.Finding) error {
+	const in = "    "
+	p.line("[%d] %s %s  %s", n, strings.ToUpper(string(f.Severity)), f.Kind, f.ID)
+	p.wrapped(in, "", f.Title)
+	if (f.Kind == analyzer.KindLockOrderCycle || f.Kind == analyzer.KindDeadlock) && len(f.Locks) > 0 {
+		p.wrapped(in, "cycle:   ", strings.Join(append(append([]string(nil), f.Locks...), f.Locks[0]), " → "))
+	}
+	if len(f.Locks) > 0 {
+		p.wrapped(in, "locks:   ", strings.Join(f.Locks, "; "))
+	}
+	if t := threadsText(f); t != "" {
+		p.wrapped(in, "threads: ", t)
+	}
+	if hook := hookText(f); hook != "" {
+		p.wrapped(in, "hook:    ", hook)
+	}
+	if f.Occurrences > 1 {
+		p.line("%sseen:    %d times", in, f.Occurrences)
+	}
+	if f.Detail != "" {
+		p.wrapped(in, "why:     ", f.Detail)
+	}
+	if len(f.Instances) > 1 {
+		p.line("%sinstances:", in)
+		for _, set := range f.Instances {
+			p.line("%s  %s", in, strings.Join(set, " → "))
+		}
+	}
+	for i := range f.Edges {
+		p.edge(in, i+1, &f.Edges[i])
+	}
+	if len(f.Scenario) > 0 {
+		p.line("%spossible scenario:", in)
+		if err := p.scenario(in+"  ", f); err != nil {
+			return err
+		}
+		p.line("%s  *** DEADLOCK ***", in)
+	}
+	return p.err
+}
+
+func (p *printer) edge(in string, n int, e *analyzer.Edge) {
+	who := fmt.Sprintf("thread %d", e.Thread)
+	if e.ThreadName != "" {
+		who += " (" + e.ThreadName + ")"
+	}
+	if e.Source != "" {
+		who += " in " + e.Source
+	}
+	p.blank()
+	p.line("%sedge %d: %s → %s  [%s]", in, n, e.From, e.To, who)
+	p.wrapped(in+"  ", "", e.Context)
+	p.line("%s  %s:", in, takenLabel(e))
+	p.stack(in+"    ", e.Stack, e.StackTruncated)
+	if len(e.HeldStack) > 0 {
+		p.line("%s  %s:", in, heldLabel(e))
+		p.stack(in+"    ", e.HeldStack, e.HeldStackTruncated)
+	}
+}
+
+func takenLabel(e *analyzer.Edge) string {
+	if strings.Contains(e.To, "arena") || strings.HasSuffix(e.To, " allocator") {
+		return "allocator called here (" + e.From + " held)"
+	}
+	return e.To + " taken here"
+}
+
+func heldLabel(e *analyzer.Edge) string {
+	if strings.Contains(e.From, "arena") || strings.HasSuffix(e.From, " allocator") {
+		return "in this allocator call"
+	}
+	return e.From + " taken here"
+}
+
+func (p *printer) stack(in string, frames []analyzer.Frame, truncated bool) {
+	if len(frames) == 0 {
+		p.line("%s(no stack recorded)", in)
+		return
+	}
+	for i, f := range frames {
+		if i == maxFrames {
+			p.line("%s... %d more frames", in, len(frames)-maxFrames)
+			break
+		}
+		p.line("%s#%-2d %s", in, i, FrameText(f))
+	}
+	if truncated {
+		p.line("%s... (stack truncated: the unwinder stopped early, frames are missing)", in)
+	}
+}
+
+// FrameText prints a frame as "function (file:line)" when the source is
+// known, else "function+0xoff (object)".
+func FrameText(f analyzer.Frame) string {
+	obj := f.Object
+	if i := strings.LastIndexByte(obj, '/'); i >= 0 {
+		obj = obj[i+1:]
+	}
+	name := f.Function
+	if name == "" {
+		name = f.Address
+	} else if f.Offset != 0 && f.File == "" {
+		name += fmt.Sprintf("+0x%x", f.Offset)
+	}
+	switch {
+	case f.File != "" && f.Line > 0:
+		return fmt.Sprintf("%s (%s:%d)", name, f.File, f.Line)
+	case f.File != "":
+		return fmt.Sprintf("%s (%s)", name, f.File)
+	case obj != "":
+		return fmt.Sprintf("%s (%s)", name, obj)
+	}
+	return name
+}
+
+// scenario prints the interleaving as a table: one column per thread,
+// one row per step, time going down. Thread i runs the path of edge i.
+func (p *printer) scenario(in string, f *analyzer.Finding) error {
+	steps := f.Scenario
+	var cols []string
+	colOf := map[string]int{}
+	for _, s := range steps {
+		if _, ok := colOf[s.Thread]; !ok {
+			col := "Thread " + s.Thread
+			if i := len(cols); i < len(f.Edges) {
+				col += fmt.Sprintf(" (as tid %d)", f.Edges[i].Thread)
+			}
+			colOf[s.Thread] = len(cols)
+			cols = append(cols, col)
+		}
+	}
+	rows := make([][]string, 0, len(steps))
+	for _, s := range steps {
+		row := make([]string, len(cols))
+		row[colOf[s.Thread]] = s.Action
+		rows = append(rows, row)
+	}
+	return p.table(in, cols, rows)
+}
+
+func findingCount(fs []analyzer.Finding) string {
+	if len(fs) == 0 {
+		return "no findings"
+	}
+	bySev := map[analyzer.Severity]int{}
+	for _, f := range fs {
+		bySev[f.Severity]++
+	}
+	var parts []string
+	for _, s := range []analyzer.Severity{analyzer.SeverityError, analyzer.SeverityWarning, analyzer.SeverityInfo} {
+		if n := bySev[s]; n > 0 {
+			parts = append(parts, plural(n, string(s)))
+		}
+	}
+	return plural(len(fs), "finding") + " (" + strings.Join(parts, ", ") + ")"
+}
+
+func plural(n int, word string) string {
+	switch {
+	case n == 1:
+		return "1 " + word
+	case strings.HasSuffix(word, "y"):
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(word, "y"))
+	case strings.HasSuffix(word, "s"):
+		return fmt.Sprintf("%d %ses", n, word)
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+func exitText(st *analyzer.Stats) string {
+	switch {
+	case st.ExitSignal != "":
+		return ", target killed by " + st.ExitSignal
+	case st.ExitStatus != nil:
+		return fmt.Sprintf(", target exit status %d", *st.ExitStatus)
+	}
+	return ""
+}
+
+func callsText(calls map[string]uint64) string {
+	if len(calls) == 0 {
+		return "none"
+	}
+	names := make([]string, 0, len(calls))
+	for n := range calls {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s=%d", n, calls[n])
+	}
+	return strings.Join(parts, " ")
+}
+
+func threadsText(f *analyzer.Finding) string {
+	seen := map[uint32]string{}
+	var order []uint32
+	for _, e := range f.Edges {
+		if _, ok := seen[e.Thread]; !ok {
+			order = append(order, e.Thread)
+		}
+		if e.ThreadName != "" {
+			seen[e.Thread] = e.ThreadName
+		} else if _, ok := seen[e.Thread]; !ok {
+			seen[e.Thread] = ""
+		}
+	}
+	sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
+	parts := make([]string, len(order))
+	for i, t := range order {
+		parts[i] = fmt.Sprint(t)
+		if name := seen[t]; name != "" {
+			parts[i] += " (" + name + ")"
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// hookText summarises the memory-hook context of a finding, if it has one.
+func hookText(f *analyzer.Finding) string {
+	for _, e := range f.Edges {
+		if e.Arena != "" {
+			return e.Context
+		}
+	}
+	return ""
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// wrap splits text into lines of at most width runes, at spaces.
+func wrap(text string, width int) []string {
+	if width < 20 {
+		width = 20
+	}
+	words := strings.Fields(text)
+	if len(words) == 0 {
+		return []string{""}
+	}
+	var lines []string
+	cur := words[0]
+	for _, w := range words[1:] {
+		if len([]rune(cur))+1+len([]rune(w)) > width {
+			lines = append(lines, cur)
+			cur = w
+			continue
+		}
+		cur += " " + w
+	}
+	return append(lines, cur)
+}

@@ -1,0 +1,86 @@
+package tracer
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// GateArg is the first argument that makes the hooktrace binary act as the
+// gate: a child that waits until the probes are attached, then execs the
+// target, so the target is traced from its first instruction (the same PID
+// keeps its uprobes across exec, and the loader maps libc with the
+// breakpoints in place).
+const GateArg = "__hooktrace_gate"
+
+// RunGate is the child side. It must run on the process's main thread (call
+// it from an init function): exec from another thread would hand the PID's
+// task to a new thread and the probes attached to the old one would be lost.
+func RunGate(args []string) {
+	gate := os.NewFile(3, "gate")
+	var b [1]byte
+	n, _ := gate.Read(b[:])
+	gate.Close()
+	if n != 1 {
+		// The tracer went away without opening the gate.
+		os.Exit(126)
+	}
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hooktrace: %v\n", err)
+		os.Exit(127)
+	}
+	err = syscall.Exec(path, args, os.Environ())
+	fmt.Fprintf(os.Stderr, "hooktrace: exec %s: %v\n", path, err)
+	os.Exit(127)
+}
+
+// Gated is a started target held before its exec.
+type Gated struct {
+	Cmd  *exec.Cmd
+	Path string // the resolved executable it will exec
+	open *os.File
+}
+
+// StartGated starts argv under the gate with stdio passed through.
+func StartGated(argv []string) (*Gated, error) {
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("no command to run")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, fmt.Errorf("finding %s: %w", argv[0], err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding hooktrace's own binary: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("making the gate pipe: %w", err)
+	}
+	cmd := exec.Command(self, append([]string{GateArg}, argv...)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{r}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("starting %s: %w", argv[0], err)
+	}
+	r.Close()
+	return &Gated{Cmd: cmd, Path: path, open: w}, nil
+}
+
+// Open lets the target exec.
+func (g *Gated) Open() error {
+	defer g.open.Close()
+	_, err := g.open.Write([]byte{1})
+	return err
+}
+
+// Abort kills the held child without letting it exec.
+func (g *Gated) Abort() {
+	g.open.Close()
+	g.Cmd.Wait()
+}

@@ -1,0 +1,376 @@
+package tracer
+
+import (
+	"bufio"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/tracer/placement"
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
+)
+
+// probeFunc is a function hooktrace traces and how.
+type probeFunc struct {
+	name string
+	op   events.Op
+	args int  // integer arguments the handler reads
+	ret  bool // also a return probe: its result decides something
+}
+
+// The return probe is placed only where the result matters: whether a try
+// or timed lock was taken, and when cond_wait takes its mutex back.
+var probeFuncs = []probeFunc{
+	{"malloc", events.OpMalloc, 1, false},
+	{"calloc", events.OpCalloc, 2, false},
+	{"realloc", events.OpRealloc, 2, false},
+	{"free", events.OpFree, 1, false},
+	{"posix_memalign", events.OpPosixMemalign, 3, false},
+	{"aligned_alloc", events.OpAlignedAlloc, 2, false},
+	{"memalign", events.OpMemalign, 2, false},
+	{"valloc", events.OpValloc, 1, false},
+	{"pvalloc", events.OpPvalloc, 1, false},
+	{"pthread_mutex_lock", events.OpMutexLock, 1, false},
+	{"pthread_mutex_trylock", events.OpMutexTrylock, 1, true},
+	{"pthread_mutex_timedlock", events.OpMutexTimedlock, 1, true},
+	{"pthread_mutex_clocklock", events.OpMutexClocklock, 1, true},
+	{"pthread_mutex_unlock", events.OpMutexUnlock, 1, false},
+	{"pthread_mutex_init", events.OpMutexInit, 1, false},
+	{"pthread_mutex_destroy", events.OpMutexDestroy, 1, false},
+	{"pthread_rwlock_rdlock", events.OpRwlockRdlock, 1, false},
+	{"pthread_rwlock_wrlock", events.OpRwlockWrlock, 1, false},
+	{"pthread_rwlock_tryrdlock", events.OpRwlockTryrdlock, 1, true},
+	{"pthread_rwlock_trywrlock", events.OpRwlockTrywrlock, 1, true},
+	{"pthread_rwlock_timedrdlock", events.OpRwlockTimedrdlock, 1, true},
+	{"pthread_rwlock_timedwrlock", events.OpRwlockTimedwrlock, 1, true},
+	{"pthread_rwlock_clockrdlock", events.OpRwlockClockrdlock, 1, true},
+	{"pthread_rwlock_clockwrlock", events.OpRwlockClockwrlock, 1, true},
+	{"pthread_rwlock_unlock", events.OpRwlockUnlock, 1, false},
+	{"pthread_spin_lock", events.OpSpinLock, 1, false},
+	{"pthread_spin_trylock", events.OpSpinTrylock, 1, true},
+	{"pthread_spin_unlock", events.OpSpinUnlock, 1, false},
+	{"pthread_cond_wait", events.OpCondWait, 2, true},
+	{"pthread_cond_timedwait", events.OpCondTimedwait, 2, true},
+}
+
+// site is one function in one object, ready to attach.
+type site struct {
+	fn      probeFunc
+	object  string // path
+	sym     symbolize.Symbol
+	userIdx int // for user probes: index into Header.UserProbes
+	code    []byte
+	choice  placement.Site
+	live    uint64 // the function's runtime address, 0 when not mapped yet
+}
+
+// planSites finds, for each traced function, the object that really
+// provides it to pid (the first definition in the loader's search order: a
+// preloaded or linked-in allocator wins over glibc's), and the offset to
+// probe at.
+func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]site, error) {
+	objs, err := searchOrder(pid, exe)
+	if err != nil {
+		return nil, err
+	}
+	opened := map[string]*symbolize.Object{}
+	open := func(path string) *symbolize.Object {
+		if o, ok := opened[path]; ok {
+			return o
+		}
+		o, err := symbolize.Open(path)
+		if err != nil {
+			warn(fmt.Sprintf("reading %s: %v", path, err))
+		}
+		opened[path] = o
+		return o
+	}
+	var plan []site
+	seen := map[string]bool{} // object:address, so aliases are probed once
+	for _, fn := range probeFuncs {
+		for _, path := range objs {
+			o := open(path)
+			if o == nil {
+				continue
+			}
+			sym, err := o.Func(fn.name)
+			if err != nil {
+				continue
+			}
+			key := fmt.Sprintf("%s:%x", path, sym.Value)
+			if !seen[key] {
+				seen[key] = true
+				plan = append(plan, site{fn: fn, object: path, sym: sym, userIdx: -1})
+			}
+			break
+		}
+	}
+	for i, spec := range userProbes {
+		name, object, _ := strings.Cut(spec, "@")
+		found := false
+		for _, path := range objs {
+			if object != "" && filepath.Base(path) != object && path != object {
+				continue
+			}
+			o := open(path)
+			if o == nil {
+				continue
+			}
+			sym, err := o.Func(name)
+			if err != nil {
+				if object != "" {
+					return nil, fmt.Errorf("--probe %s: %w", spec, err)
+				}
+				continue
+			}
+			plan = append(plan, site{fn: probeFunc{name: name, op: events.OpProbeEnter, ret: true},
+				object: path, sym: sym, userIdx: i})
+			found = true
+			break
+		}
+		if !found {
+			return nil, fmt.Errorf("--probe %s: %w in %s", spec, symbolize.ErrSymbolNotFound, strings.Join(objs, ", "))
+		}
+	}
+	for i := range plan {
+		s := &plan[i]
+		s.code, err = functionCode(s.object, s.sym)
+		if err != nil {
+			warn(fmt.Sprintf("reading %s in %s: %v", s.fn.name, s.object, err))
+			continue
+		}
+		if s.userIdx < 0 {
+			s.choice = placement.Choose(s.code, s.fn.args)
+		}
+		s.live = liveAddress(pid, s.object, s.sym.Offset)
+	}
+	return plan, nil
+}
+
+// attach places the site's probes for pid, after checking that the code in
+// memory is the code in the file: a uprobe on a function a runtime patcher
+// has overwritten kills the process on its next call.
+func (s *site) attach(pid int, prog, retProg *ebpf.Program) ([]link.Link, []events.ProbeSite, error) {
+	if s.live != 0 {
+		if err := placement.CheckLive(pid, s.live, s.code[:min(len(s.code), 16)]); err != nil {
+			return nil, nil, fmt.Errorf("not probing %s in %s: %w", s.fn.name, s.object, err)
+		}
+	}
+	ex, err := link.OpenExecutable(s.object)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening %s: %w", s.object, err)
+	}
+	op := s.fn.op
+	cookie := uint64(op) | uint64(s.choice.StackAdjust)<<16
+	if s.userIdx >= 0 {
+		cookie |= uint64(s.userIdx) << 32
+	}
+	offset := uint64(s.choice.Offset)
+	if s.fn.ret {
+		// The return probe hooks the entry; the entry probe goes there too,
+		// where the arguments are as the caller passed them.
+		offset = 0
+		cookie = uint64(op) | uint64(s.userIdx&0xffffffff)<<32
+	}
+	var links []link.Link
+	var sites []events.ProbeSite
+	l, err := ex.Uprobe(s.fn.name, prog, &link.UprobeOptions{
+		Address: s.sym.Offset, Offset: offset, PID: pid, Cookie: cookie})
+	if err != nil {
+		return nil, nil, fmt.Errorf("attaching uprobe to %s in %s: %w", s.fn.name, s.object, err)
+	}
+	links = append(links, l)
+	note := s.choice.Note
+	if s.fn.ret {
+		note = "entry: a return probe is placed here anyway"
+	}
+	sites = append(sites, events.ProbeSite{Name: s.fn.name, Object: s.object, Offset: offset,
+		Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
+	if s.fn.ret && retProg != nil {
+		retOp := op
+		if op == events.OpProbeEnter {
+			retOp = events.OpProbeExit
+		}
+		rcookie := uint64(retOp) | uint64(s.userIdx&0xffffffff)<<32
+		l, err := ex.Uretprobe(s.fn.name, retProg, &link.UprobeOptions{
+			Address: s.sym.Offset, PID: pid, Cookie: rcookie})
+		if err != nil {
+			for _, l := range links {
+				l.Close()
+			}
+			return nil, nil, fmt.Errorf("attaching uretprobe to %s in %s: %w", s.fn.name, s.object, err)
+		}
+		links = append(links, l)
+		sites = append(sites, events.ProbeSite{Name: s.fn.name, Object: s.object,
+			Address: s.sym.Value, Kind: "uretprobe"})
+	}
+	return links, sites, nil
+}
+
+// searchOrder lists the objects whose symbols pid will use, in the
+// loader's search order: the executable, preloads, then its libraries
+// breadth first, as `ld.so --list` prints them; then anything else mapped
+// (dlopen'ed). For a gated child the executable is exe; for a running
+// process it is /proc/PID/exe and its environment is the process's.
+func searchOrder(pid int, exe string) ([]string, error) {
+	var env []string
+	if exe == "" {
+		p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil {
+			return nil, fmt.Errorf("reading pid %d's executable: %w", pid, err)
+		}
+		exe = strings.TrimSuffix(p, " (deleted)")
+		env = loaderEnv(pid)
+	} else {
+		env = os.Environ()
+	}
+	objs := []string{exe}
+	have := map[string]bool{exe: true}
+	add := func(p string) {
+		if p != "" && !have[p] {
+			have[p] = true
+			objs = append(objs, p)
+		}
+	}
+	if interp := interpreter(exe); interp != "" {
+		cmd := exec.Command(interp, "--list", exe)
+		cmd.Env = env
+		out, err := cmd.Output()
+		if err == nil {
+			for _, p := range parseLdList(string(out)) {
+				add(p)
+			}
+		}
+	}
+	if exe != "" && pid > 0 {
+		for _, p := range mappedObjects(pid) {
+			add(p)
+		}
+	}
+	return objs, nil
+}
+
+// parseLdList reads `ld.so --list` output: "name => /path (0x...)" or
+// "/path (0x...)".
+func parseLdList(out string) []string {
+	var paths []string
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if i := strings.Index(line, "=>"); i >= 0 {
+			line = strings.TrimSpace(line[i+2:])
+		}
+		if j := strings.LastIndex(line, " (0x"); j >= 0 {
+			line = line[:j]
+		}
+		if strings.HasPrefix(line, "/") {
+			paths = append(paths, line)
+		}
+	}
+	return paths
+}
+
+func interpreter(exe string) string {
+	f, err := elf.Open(exe)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err == nil {
+				return strings.TrimRight(string(b), "\x00")
+			}
+		}
+	}
+	return ""
+}
+
+// loaderEnv is the part of pid's environment that steers the loader.
+func loaderEnv(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return nil
+	}
+	var env []string
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if strings.HasPrefix(kv, "LD_PRELOAD=") || strings.HasPrefix(kv, "LD_LIBRARY_PATH=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// mappedObjects lists the files pid maps executable, in address order.
+func mappedObjects(pid int) []string {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.SplitN(sc.Text(), " ", 6)
+		if len(fields) < 6 || !strings.Contains(fields[1], "x") {
+			continue
+		}
+		path := strings.TrimSpace(fields[5])
+		if strings.HasPrefix(path, "/") {
+			out = append(out, strings.TrimSuffix(path, " (deleted)"))
+		}
+	}
+	return out
+}
+
+// liveAddress is where the file offset off of object is mapped in pid, or
+// 0 when it is not mapped (yet).
+func liveAddress(pid int, object string, off uint64) uint64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var lo, hi, foff uint64
+		var perms, dev, path string
+		var inode uint64
+		n, _ := fmt.Sscanf(sc.Text(), "%x-%x %s %x %s %d %s", &lo, &hi, &perms, &foff, &dev, &inode, &path)
+		if n < 7 || path != object {
+			continue
+		}
+		if off >= foff && off < foff+(hi-lo) {
+			return lo + off - foff
+		}
+	}
+	return 0
+}
+
+
+// functionCode reads a function's bytes from its file: the placement needs
+// the whole body to see branches back to the chosen site.
+func functionCode(path string, sym symbolize.Symbol) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	n := sym.Size
+	if n == 0 || n > 4096 {
+		n = 4096
+	}
+	b := make([]byte, n)
+	m, err := f.ReadAt(b, int64(sym.Offset))
+	if m == 0 && err != nil {
+		return nil, fmt.Errorf("reading %s at %#x: %w", path, sym.Offset, err)
+	}
+	return b[:m], nil
+}

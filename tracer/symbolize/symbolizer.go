@@ -1,0 +1,359 @@
+package symbolize
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// cacheSize bounds each generation of a Symbolizer's address caches; at
+// most twice as many results are kept.
+const cacheSize = 1 << 16
+
+// minRefreshGap keeps addresses no mapping holds (corrupt stack frames)
+// from re-reading /proc/PID/maps on every lookup.
+const minRefreshGap = 20 * time.Millisecond
+
+// Symbolizer symbolizes addresses of one process. It works from a snapshot
+// of the process's mappings, taken by New and renewed by Refresh or when an
+// address falls outside every mapping (the process may have dlopen'ed a
+// library since). The files mapped are opened when the snapshot is taken,
+// so addresses can still be symbolized after the process has exited.
+// A process that called exec needs Refresh.
+//
+// A Symbolizer is safe for concurrent use.
+type Symbolizer struct {
+	pid int
+
+	mu        sync.Mutex
+	maps      Maps
+	bound     []binding // bound[i] is maps[i]'s object
+	files     map[fileID]*Object
+	refreshed time.Time
+	gone      bool // the process has exited: keep the last snapshot
+
+	frames cache[frameKey, []events.Frame]
+	data   cache[uint64, string]
+
+	hits, misses int // for tests of the caches
+}
+
+// binding is a mapping's object and load bias (process address minus the
+// object's virtual address).
+type binding struct {
+	obj  *Object
+	bias uint64
+}
+
+type fileID struct {
+	major, minor uint32
+	inode        uint64
+	path         string
+}
+
+type frameKey struct {
+	addr     uint64
+	isReturn bool
+}
+
+// New returns a Symbolizer for process pid and takes the first snapshot of
+// its mappings. It does not fail: an unreadable process symbolizes nothing
+// until Refresh succeeds.
+func New(pid int) *Symbolizer {
+	s := &Symbolizer{pid: pid, files: map[fileID]*Object{}}
+	s.mu.Lock()
+	_ = s.refresh()
+	s.mu.Unlock()
+	return s
+}
+
+// Refresh re-reads the process's mappings. After the process has exited it
+// keeps the last snapshot and returns an error.
+func (s *Symbolizer) Refresh() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refresh()
+}
+
+// Maps returns the current snapshot.
+func (s *Symbolizer) Maps() Maps {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append(Maps(nil), s.maps...)
+}
+
+func (s *Symbolizer) refresh() error {
+	s.refreshed = time.Now()
+	if s.gone {
+		return fmt.Errorf("refreshing maps of pid %d: process has exited", s.pid)
+	}
+	maps, err := ReadMaps(s.pid)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			s.gone = true
+		}
+		return err
+	}
+	if len(maps) == 0 && len(s.maps) > 0 {
+		// A zombie's maps are empty: it has exited, keep what it had.
+		s.gone = true
+		return fmt.Errorf("refreshing maps of pid %d: process has exited", s.pid)
+	}
+
+	roots := processRoots(s.pid)
+	bound := make([]binding, len(maps))
+	for i, m := range maps {
+		var obj *Object
+		switch {
+		case m.IsFile():
+			id := fileID{m.Major, m.Minor, m.Inode, m.Path}
+			var ok bool
+			if obj, ok = s.files[id]; !ok {
+				if f, err := openMapped(s.pid, m); err == nil {
+					obj, _ = openFile(f, m.Path, roots)
+				}
+				s.files[id] = obj
+			}
+		case m.Path == "[vdso]":
+			obj = vdsoObject()
+		}
+		if obj == nil {
+			continue
+		}
+		if bias, ok := obj.bias(m); ok {
+			bound[i] = binding{obj: obj, bias: bias}
+		}
+	}
+
+	if !onlyAdded(s.maps, maps) {
+		// Something was unmapped or replaced: cached results may name the
+		// wrong object now.
+		s.frames.clear()
+		s.data.clear()
+	}
+	s.maps, s.bound = maps, bound
+	return nil
+}
+
+// processRoots returns the process's root directory, seen through /proc,
+// when it is not ours (a container): debug files may be installed there.
+func processRoots(pid int) []string {
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	theirs, err := os.Stat(root + "/")
+	if err != nil {
+		return nil
+	}
+	// Compared as directories: readlink says "/" for a container's root too.
+	if ours, err := os.Stat("/"); err == nil && os.SameFile(ours, theirs) {
+		return nil
+	}
+	return []string{root}
+}
+
+// onlyAdded reports whether every mapping of old is still in new.
+func onlyAdded(old, new Maps) bool {
+	j := 0
+	for _, m := range old {
+		for j < len(new) && new[j].Start < m.Start {
+			j++
+		}
+		if j == len(new) || new[j] != m {
+			return false
+		}
+	}
+	return true
+}
+
+// locate finds the mapping holding addr and, when it belongs to an ELF
+// object, the object and the address inside it.
+func (s *Symbolizer) locate(addr uint64) (m Mapping, b binding, vaddr uint64, ok bool) {
+	i := s.maps.find(addr)
+	if i < 0 && !s.gone && time.Since(s.refreshed) >= minRefreshGap {
+		if s.refresh() == nil {
+			i = s.maps.find(addr)
+		}
+	}
+	if i < 0 {
+		return Mapping{}, binding{}, 0, false
+	}
+	m, b = s.maps[i], s.bound[i]
+	if b.obj == nil && m.Path == "" && i > 0 {
+		// The tail of a .bss too big for the last file page is anonymous
+		// memory right after the object's data mapping.
+		prev, pb := s.maps[i-1], s.bound[i-1]
+		if pb.obj != nil && prev.End == m.Start && pb.obj.inLoad(addr-pb.bias) {
+			return prev, pb, addr - pb.bias, true
+		}
+	}
+	return m, b, addr - b.bias, true
+}
+
+// Lookup symbolizes one address: the function holding it and, when DWARF
+// says code of other functions was inlined there, those too, innermost
+// first. isReturn says addr is a return address: it points after the call,
+// so the call itself is looked up (addr-1), while Addr stays addr.
+// The result is never empty.
+func (s *Symbolizer) Lookup(addr uint64, isReturn bool) []events.Frame {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]events.Frame(nil), s.lookup(addr, isReturn)...)
+}
+
+func (s *Symbolizer) lookup(addr uint64, isReturn bool) []events.Frame {
+	key := frameKey{addr, isReturn}
+	if f, ok := s.frames.get(key); ok {
+		s.hits++
+		return f
+	}
+	s.misses++
+	pc := addr
+	if isReturn && pc > 0 {
+		pc--
+	}
+	m, b, vaddr, ok := s.locate(pc)
+	if !ok {
+		// Not cached: a later refresh may find a mapping for it.
+		return []events.Frame{{Addr: addr}}
+	}
+	var frames []events.Frame
+	if b.obj == nil {
+		frames = []events.Frame{{Addr: addr, Object: m.Path}}
+	} else {
+		frames = b.obj.frames(vaddr, addr-b.bias, m.Path)
+		for i := range frames {
+			frames[i].Addr = addr
+		}
+	}
+	s.frames.put(key, frames)
+	return frames
+}
+
+// Frame symbolizes an instruction pointer. The function is the one the
+// symbol table says holds addr, and the line is in that function's own
+// source: where code inlined into it was called, when addr is in such code
+// (Lookup has the inlined functions).
+func (s *Symbolizer) Frame(addr uint64) events.Frame {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return outermost(s.lookup(addr, false))
+}
+
+// Frames symbolizes a stack, one frame per address, as Frame does: addrs[0]
+// is the instruction pointer, the rest are return addresses.
+func (s *Symbolizer) Frames(addrs []uint64) []events.Frame {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]events.Frame, len(addrs))
+	for i, a := range addrs {
+		out[i] = outermost(s.lookup(a, i > 0))
+	}
+	return out
+}
+
+func outermost(chain []events.Frame) events.Frame { return chain[len(chain)-1] }
+
+// FramesInlined is Frames with every inlined function as a frame of its
+// own, innermost first and all with their address's Addr, as pprof and
+// perf --inline show stacks.
+func (s *Symbolizer) FramesInlined(addrs []uint64) []events.Frame {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]events.Frame, 0, len(addrs))
+	for i, a := range addrs {
+		out = append(out, s.lookup(a, i > 0)...)
+	}
+	return out
+}
+
+// Data names the static variable holding addr, for naming locks:
+// "vma_lock (librcache.so)", or "table+0x40 (prog)" inside one.
+func (s *Symbolizer) Data(addr uint64) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if name, ok := s.data.get(addr); ok {
+		s.hits++
+		return name, name != ""
+	}
+	s.misses++
+	m, b, vaddr, ok := s.locate(addr)
+	if !ok {
+		return "", false
+	}
+	var name string
+	if b.obj != nil {
+		name, _ = b.obj.dataName(vaddr, m.Path)
+	}
+	s.data.put(addr, name)
+	return name, name != ""
+}
+
+// cache is a bounded map: when the current generation is full it becomes
+// the previous one, and hits there move back into the current one.
+type cache[K comparable, V any] struct {
+	cur, prev map[K]V
+}
+
+func (c *cache[K, V]) get(k K) (V, bool) {
+	if v, ok := c.cur[k]; ok {
+		return v, true
+	}
+	if v, ok := c.prev[k]; ok {
+		c.put(k, v)
+		return v, true
+	}
+	var zero V
+	return zero, false
+}
+
+func (c *cache[K, V]) put(k K, v V) {
+	if c.cur == nil {
+		c.cur = map[K]V{}
+	}
+	if len(c.cur) >= cacheSize {
+		c.prev, c.cur = c.cur, map[K]V{}
+	}
+	c.cur[k] = v
+}
+
+func (c *cache[K, V]) clear() { c.cur, c.prev = nil, nil }
+
+var vdso struct {
+	once sync.Once
+	obj  *Object
+}
+
+// vdsoObject reads the vDSO mapped into this process. The kernel maps the
+// same image into every process of an ABI, so it symbolizes the target's.
+func vdsoObject() *Object {
+	vdso.once.Do(func() {
+		maps, err := ReadMaps(os.Getpid())
+		if err != nil {
+			return
+		}
+		for _, m := range maps {
+			if m.Path != "[vdso]" || m.End-m.Start > 1<<20 {
+				continue
+			}
+			mem, err := os.Open("/proc/self/mem")
+			if err != nil {
+				return
+			}
+			defer mem.Close()
+			image := make([]byte, m.End-m.Start)
+			if _, err := mem.ReadAt(image, int64(m.Start)); err != nil && err != io.EOF {
+				return
+			}
+			vdso.obj, _ = newObject(bytes.NewReader(image), "[vdso]", nil)
+			return
+		}
+	})
+	return vdso.obj
+}

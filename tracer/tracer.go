@@ -1,0 +1,326 @@
+// Package tracer attaches hooktrace's BPF probes to a process and turns what
+// they report into an events stream: it loads the objects generated from
+// ../bpf, chooses and attaches the probe sites, reads the ring buffer,
+// symbolizes stacks and names locks while the process is alive.
+package tracer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// Modes of the kernel side.
+const (
+	// ModeAggregate sends what the analysis needs: every lock call, every
+	// memory syscall, and the allocator calls made with a lock held or
+	// inside another allocator call; the rest are only counted. The
+	// default: a malloc with no lock held cannot be part of a lock cycle,
+	// and most mallocs are made with none held.
+	ModeAggregate = "aggregate"
+	// ModeFull sends every call, for timelines and exact tests.
+	ModeFull = "full"
+)
+
+// Options configure a Tracer.
+type Options struct {
+	Mode        string
+	FollowForks bool
+	// RingBytes is the ring buffer's size (a power of two, at least a page).
+	RingBytes int
+	// NoSamples turns off raw stack samples inside allocator calls (and with
+	// them the unwinding through glibc that decides its arena lock).
+	NoSamples bool
+	// UserProbes are extra functions, SYMBOL or SYMBOL@object, traced at
+	// entry and exit.
+	UserProbes []string
+	Forbid     []string
+	// Floor attaches the counting-only program instead of the real one:
+	// the benchmarks' measure of what the probe sites alone cost.
+	Floor bool
+	// Warn receives warnings (a site refused, a missing symbol).
+	Warn func(string)
+}
+
+// Errors a user can hit, for distinct exit codes.
+var (
+	ErrPermission = errors.New("not permitted to load BPF programs (run as root, or grant CAP_BPF and CAP_PERFMON)")
+	ErrNoProcess  = errors.New("no such process")
+	ErrKernelTask = errors.New("is a kernel thread: it has no user space to trace")
+)
+
+// Tracer is one tracing session over one process (and, with FollowForks,
+// its children).
+type Tracer struct {
+	opts  Options
+	objs  hooktraceObjects
+	links []link.Link
+	rd    *ringbuf.Reader
+	sites []events.ProbeSite
+
+	mu       sync.Mutex // guards what Attach and the reader share
+	conv     *converter
+	lostSeen uint64
+}
+
+// New loads the BPF objects and attaches the global tracepoints. Nothing is
+// traced until Attach names a process.
+func New(opts Options) (*Tracer, error) {
+	if opts.Mode == "" {
+		opts.Mode = ModeAggregate
+	}
+	if opts.Mode != ModeAggregate && opts.Mode != ModeFull {
+		return nil, fmt.Errorf("unknown mode %q (aggregate or full)", opts.Mode)
+	}
+	if opts.Warn == nil {
+		opts.Warn = func(string) {}
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrPermission, err)
+	}
+	spec, err := loadHooktrace()
+	if err != nil {
+		return nil, fmt.Errorf("reading the BPF objects: %w", err)
+	}
+	set := func(name string, v uint32) error {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
+		}
+		return nil
+	}
+	if err := set("full_mode", b2u(opts.Mode == ModeFull)); err != nil {
+		return nil, err
+	}
+	if err := set("follow_forks", b2u(opts.FollowForks)); err != nil {
+		return nil, err
+	}
+	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
+		return nil, err
+	}
+	if opts.RingBytes > 0 {
+		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
+	}
+	t := &Tracer{opts: opts}
+	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
+		}
+		return nil, fmt.Errorf("loading the BPF programs: %w", err)
+	}
+	for _, tp := range []struct {
+		name string
+		prog *ebpf.Program
+	}{
+		{"sys_enter", t.objs.SysEnter},
+		{"sched_process_fork", t.objs.SchedFork},
+		{"sched_process_exit", t.objs.SchedExit},
+		{"sched_process_exec", t.objs.SchedExec},
+	} {
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp.name, Program: tp.prog})
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("attaching raw tracepoint %s: %w", tp.name, err)
+		}
+		t.links = append(t.links, l)
+		t.sites = append(t.sites, events.ProbeSite{Name: tp.name, Kind: "raw_tracepoint"})
+	}
+	t.rd, err = ringbuf.NewReader(t.objs.Ring)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("opening the ring buffer: %w", err)
+	}
+	t.conv = newConverter(opts.Warn)
+	return t, nil
+}
+
+func b2u(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Attach traces pid: it is added to the tracepoints' filter and the probe
+// sites are placed in the objects it maps, or, for a gated child that has
+// not exec'd yet, in the objects exe will load.
+func (t *Tracer) Attach(pid int, exe string) error {
+	if err := checkProcess(pid); err != nil {
+		return err
+	}
+	one := uint8(1)
+	key := uint32(pid)
+	if err := t.objs.Traced.Put(&key, &one); err != nil {
+		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
+	}
+	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
+	if t.opts.Floor {
+		prog, retProg = t.objs.UprobeFloor, nil
+	}
+	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
+	if err != nil {
+		return err
+	}
+	for _, s := range plan {
+		l, site, err := s.attach(pid, prog, retProg)
+		if err != nil {
+			t.opts.Warn(err.Error())
+			continue
+		}
+		t.links = append(t.links, l...)
+		t.sites = append(t.sites, site...)
+	}
+	t.conv.watch(uint32(pid))
+	return nil
+}
+
+// Sites lists where the tracer attached.
+func (t *Tracer) Sites() []events.ProbeSite { return t.sites }
+
+// checkProcess says why pid cannot be traced.
+func checkProcess(pid int) error {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+	}
+	// Field 9 is the task's flags; PF_KTHREAD = 0x00200000. The comm may
+	// hold spaces: count fields after its closing parenthesis.
+	s := string(stat)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		f := strings.Fields(s[i+1:])
+		var flags uint64
+		if len(f) > 6 {
+			fmt.Sscan(f[6], &flags)
+		}
+		if flags&0x00200000 != 0 {
+			return fmt.Errorf("pid %d %w", pid, ErrKernelTask)
+		}
+	}
+	return nil
+}
+
+// Run reads the ring buffer and hands each record to emit until stop is
+// closed; then it closes the probes, drains what is left and returns.
+func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) error {
+	t.conv.emit = emit
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-stop:
+		case <-done:
+		}
+		// Stop new events, then let the reader drain what is queued: after
+		// Flush, reads return what is in the ring, then ErrFlushed.
+		t.closeLinks()
+		t.rd.Flush()
+	}()
+	defer close(done)
+	var rec ringbuf.Record
+	lostTick := time.Now()
+	for {
+		err := t.rd.ReadInto(&rec)
+		if err != nil {
+			if errors.Is(err, ringbuf.ErrFlushed) || errors.Is(err, ringbuf.ErrClosed) {
+				return t.reportLost()
+			}
+			return fmt.Errorf("reading the ring buffer: %w", err)
+		}
+		if err := t.conv.raw(rec.RawSample); err != nil {
+			return err
+		}
+		if time.Since(lostTick) > time.Second {
+			lostTick = time.Now()
+			if err := t.reportLost(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// reportLost emits a Lost record for drops since the last report.
+func (t *Tracer) reportLost() error {
+	total := t.Lost()
+	if total <= t.lostSeen {
+		return nil
+	}
+	n := total - t.lostSeen
+	t.lostSeen = total
+	return t.conv.emitLost(n)
+}
+
+// Lost is how many records the ring buffer had no room for.
+func (t *Tracer) Lost() uint64 {
+	var total uint64
+	for k := uint32(0); k < 4; k++ {
+		var per []uint64
+		if err := t.objs.Lost.Lookup(&k, &per); err == nil {
+			for _, v := range per {
+				total += v
+			}
+		}
+	}
+	return total
+}
+
+// Calls counts every probe hit by the name of its call, emitted or not.
+func (t *Tracer) Calls() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, op := range events.Ops() {
+		k := uint32(op)
+		var per []uint64
+		if err := t.objs.Calls.Lookup(&k, &per); err != nil {
+			continue
+		}
+		var n uint64
+		for _, v := range per {
+			n += v
+		}
+		if n > 0 {
+			out[op.String()] = n
+		}
+	}
+	return out
+}
+
+// FloorHits is the number of hits the counting-only program saw.
+func (t *Tracer) FloorHits() uint64 {
+	var per []uint64
+	k := uint32(0)
+	var n uint64
+	if err := t.objs.FloorHits.Lookup(&k, &per); err == nil {
+		for _, v := range per {
+			n += v
+		}
+	}
+	return n
+}
+
+// Events is the number of event records handed out so far.
+func (t *Tracer) Events() uint64 { return t.conv.events }
+
+func (t *Tracer) closeLinks() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, l := range t.links {
+		l.Close()
+	}
+	t.links = nil
+}
+
+// Close releases everything.
+func (t *Tracer) Close() error {
+	t.closeLinks()
+	if t.rd != nil {
+		t.rd.Close()
+	}
+	return t.objs.Close()
+}
