@@ -8,8 +8,10 @@ LDFLAGS := -X main.version=$(VERSION)
 
 all: build
 
+# A static binary: the gate that execs a traced target is hooktrace itself,
+# and without cgo it runs no libc code the target's probes would see.
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/hooktrace ./cmd/hooktrace
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/hooktrace ./cmd/hooktrace
 
 generate:
 	$(GO) generate ./tracer

@@ -17,14 +17,29 @@ const volatile __u32 full_mode = 0;   /* emit every call, not only what the anal
 const volatile __u32 follow_forks = 0;
 const volatile __u32 want_samples = 1; /* raw stack samples inside allocator calls */
 
-/* Processes being traced (tgid -> 1). uprobes are PID-filtered by the
- * kernel; the raw tracepoints are global and filter here. */
+/* Set by the tracer once every probe is attached, cleared before any is
+ * detached: probes attached one by one would otherwise see, say, a lock
+ * without its unlock and make a thread look as if it held it forever. */
+volatile __u32 tracing_on = 0;
+
+/* Processes being traced (tgid -> TRACED, or GATED for a child that has
+ * not exec'd its target yet: its own start-up is not the target's). uprobes
+ * are PID-filtered by the kernel; the raw tracepoints are global and filter
+ * here. */
+#define TRACED 1
+#define GATED 2
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u8);
 } traced SEC(".maps");
+
+static __always_inline int is_traced(__u32 pid)
+{
+	__u8 *v = bpf_map_lookup_elem(&traced, &pid);
+	return v && *v == TRACED;
+}
 
 struct thread_state {
 	__u64 alloc_sp;  /* where the outermost live allocator call's return address is */
@@ -85,7 +100,23 @@ struct {
 
 struct scratch {
 	__u64 ips[MAX_FRAMES + 1];
+	__u64 slots[SCAN_SLOTS];
 };
+
+/* Where the allocator's code lies in each traced process: return addresses
+ * in this range between a thread's stack pointer and its allocator call's
+ * return slot prove the call is still live. */
+struct alloc_range {
+	__u64 lo;
+	__u64 hi;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct alloc_range);
+} alloc_ranges SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -112,9 +143,15 @@ static __always_inline void count_lost(__u32 type)
 }
 
 /* The cookie of a uprobe: op in the low 16 bits, the stack adjustment at the
- * probe site (bytes pushed since the function's entry) above it. */
+ * probe site (bytes pushed since the function's entry) above it. Allocator
+ * probes also carry where the allocator's code lies relative to the probe:
+ * the distance back to its start (24 bits) and its length in 64 KiB units
+ * (8 bits), so the range is known from the first call, before user space
+ * could read the process's maps. Other probes carry a user-probe index. */
 #define COOKIE_OP(c) ((__u32)((c)&0xffff))
 #define COOKIE_ADJ(c) ((__u32)(((c) >> 16) & 0xffff))
+#define COOKIE_RANGE_BACK(c) (((c) >> 32) & 0xffffff)
+#define COOKIE_RANGE_LEN(c) ((((c) >> 56) & 0xff) << 16)
 
 static __always_inline struct thread_state *thread_get(__u32 tid)
 {
@@ -126,18 +163,49 @@ static __always_inline struct thread_state *thread_get(__u32 tid)
 	return bpf_map_lookup_elem(&threads, &tid);
 }
 
+/* Whether a return address into the allocator lies on the live stack
+ * between sp and top. */
+static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
+{
+	struct alloc_range *r = bpf_map_lookup_elem(&alloc_ranges, &pid);
+	if (!r)
+		return 1; /* range unknown: trust the return slot */
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	if (!s)
+		return 1;
+	__u64 len = top - sp;
+	if (len > sizeof(s->slots))
+		len = sizeof(s->slots);
+	len &= ~7ULL;
+	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
+		return 1;
+	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
+		if (i * 8 >= len)
+			break;
+		__u64 v = s->slots[i];
+		if (v >= r->lo && v < r->hi)
+			return 1;
+	}
+	return 0;
+}
+
 /* Whether the thread is still inside the allocator call recorded in st,
  * without a return probe (which would trap on the single-stepped first
  * instruction of free): the call is live while the current stack is deeper
- * and the recorded return-address slot still holds the same address. */
-static __always_inline int in_alloc(struct thread_state *st, __u64 sp)
+ * and the recorded return-address slot still holds the same address. A
+ * tail call defeats that test (free tail-called from f leaves f's return
+ * address in the slot, and the next call of f puts it back), so the live
+ * frames in between must also hold a return address into the allocator.
+ * User space confirms with the unwound stack. */
+static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp)
 {
 	if (!st->alloc_sp)
 		return 0;
 	__u64 v = 0;
 	if (sp >= st->alloc_sp ||
 	    bpf_probe_read_user(&v, sizeof(v), (void *)st->alloc_sp) ||
-	    v != st->alloc_ret) {
+	    v != st->alloc_ret || !alloc_frame_between(pid, sp, st->alloc_sp)) {
 		st->alloc_sp = 0;
 		return 0;
 	}
@@ -182,6 +250,8 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot)
 		hash ^= s->ips[j];
 		hash *= 0x100000001b3ULL;
 	}
+	/* The top bit marks sample ids. */
+	hash &= ~(1ULL << 63);
 	if (!hash)
 		hash = 1;
 	if (bpf_map_lookup_elem(&seen_stacks, &hash))
@@ -211,8 +281,7 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot)
 }
 
 /* Sends raw stack memory for user-space unwinding; returns its id (top bit
- * set, so it never equals a frame-pointer stack hash's namespace by
- * accident), or 0. */
+ * set, which no frame-pointer stack hash has), or 0. */
 static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp, __u64 until)
 {
 	if (!want_samples)
@@ -251,13 +320,11 @@ static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp
 	return id;
 }
 
-static __always_inline struct event *event_new(__u32 op, __u64 id)
+/* Events are built on the BPF stack and copied into the ring when done:
+ * the ring is read in reservation order, and the stack (or sample) record
+ * an event names must come before it. */
+static __always_inline void event_init(struct event *e, __u32 op, __u64 id)
 {
-	struct event *e = bpf_ringbuf_reserve(&ring, sizeof(*e), 0);
-	if (!e) {
-		count_lost(REC_EVENT);
-		return 0;
-	}
 	e->type = REC_EVENT;
 	e->op = op;
 	e->flags = 0;
@@ -270,13 +337,18 @@ static __always_inline struct event *event_new(__u32 op, __u64 id)
 	e->arg = 0;
 	e->ret = 0;
 	e->stack = 0;
-	return e;
+}
+
+static __always_inline void event_send(struct event *e)
+{
+	if (bpf_ringbuf_output(&ring, e, sizeof(*e), 0))
+		count_lost(REC_EVENT);
 }
 
 /* Marks an event made inside an allocator call (a hook the allocator ran). */
 static __always_inline void alloc_context(struct event *e, struct thread_state *st, __u64 sp)
 {
-	if (!in_alloc(st, sp))
+	if (!in_alloc(st, e->pid, sp))
 		return;
 	e->flags |= F_IN_ALLOC;
 	e->addr2 = st->alloc_op;
@@ -315,12 +387,14 @@ static __always_inline void send_with_stack(void *ctx, struct event *e, struct p
 				       st->alloc_sp);
 	if (!e->stack)
 		e->stack = take_stack(ctx, e->pid, ret_slot);
-	bpf_ringbuf_submit(e, 0);
+	event_send(e);
 }
 
 SEC("uprobe")
 int uprobe_hook(struct pt_regs *ctx)
 {
+	if (!tracing_on)
+		return 0;
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 op = COOKIE_OP(cookie);
 	__u64 sp = PT_REGS_SP(ctx);
@@ -334,7 +408,14 @@ int uprobe_hook(struct pt_regs *ctx)
 		return 0;
 
 	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
-		int nested = in_alloc(st, sp);
+		__u32 pid = id >> 32;
+		if (COOKIE_RANGE_LEN(cookie) && !bpf_map_lookup_elem(&alloc_ranges, &pid)) {
+			struct alloc_range r;
+			r.lo = PT_REGS_IP(ctx) - COOKIE_RANGE_BACK(cookie);
+			r.hi = r.lo + COOKIE_RANGE_LEN(cookie);
+			bpf_map_update_elem(&alloc_ranges, &pid, &r, BPF_NOEXIST);
+		}
+		int nested = in_alloc(st, pid, sp);
 		__u32 outer = st->alloc_op;
 		if (!nested) {
 			st->alloc_sp = ret_slot;
@@ -343,9 +424,8 @@ int uprobe_hook(struct pt_regs *ctx)
 		}
 		if (!full_mode && !nested && st->held <= 0)
 			return 0;
-		struct event *e = event_new(op, id);
-		if (!e)
-			return 0;
+		struct event ev, *e = &ev;
+		event_init(e, op, id);
 		if (nested) {
 			e->flags |= F_IN_ALLOC;
 			e->addr2 = outer;
@@ -390,9 +470,8 @@ int uprobe_hook(struct pt_regs *ctx)
 	}
 
 	if (op == OP_PROBE_ENTER) {
-		struct event *e = event_new(op, id);
-		if (!e)
-			return 0;
+		struct event ev, *e = &ev;
+		event_init(e, op, id);
 		e->arg = cookie >> 32;
 		alloc_context(e, st, sp);
 		if (st->held > 0)
@@ -409,9 +488,8 @@ int uprobe_hook(struct pt_regs *ctx)
 		if (op != OP_COND_WAIT && op != OP_COND_TIMEDWAIT)
 			return 0;
 		/* cond_wait releases its mutex now. */
-		struct event *e = event_new(op, id);
-		if (!e)
-			return 0;
+		struct event ev, *e = &ev;
+		event_init(e, op, id);
 		e->addr = st->pend_addr;
 		e->addr2 = st->pend_addr2;
 		if (st->held > 0)
@@ -420,9 +498,8 @@ int uprobe_hook(struct pt_regs *ctx)
 		return 0;
 	}
 
-	struct event *e = event_new(op, id);
-	if (!e)
-		return 0;
+	struct event ev, *e = &ev;
+	event_init(e, op, id);
 	__u64 lock = PT_REGS_PARM1(ctx);
 	e->addr = lock;
 	if (is_mutex(op)) {
@@ -438,10 +515,10 @@ int uprobe_hook(struct pt_regs *ctx)
 	case OP_SPIN_UNLOCK:
 		if (st->held > 0)
 			st->held--;
-		bpf_ringbuf_submit(e, 0);
+		event_send(e);
 		return 0;
 	case OP_MUTEX_DESTROY:
-		bpf_ringbuf_submit(e, 0);
+		event_send(e);
 		return 0;
 	case OP_MUTEX_INIT:
 		break;
@@ -457,6 +534,8 @@ int uprobe_hook(struct pt_regs *ctx)
 SEC("uretprobe")
 int uretprobe_hook(struct pt_regs *ctx)
 {
+	if (!tracing_on)
+		return 0;
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 op = COOKIE_OP(cookie);
 	__u64 id = bpf_get_current_pid_tgid();
@@ -467,21 +546,19 @@ int uretprobe_hook(struct pt_regs *ctx)
 	__s64 ret = PT_REGS_RC(ctx);
 
 	if (op == OP_PROBE_EXIT) {
-		struct event *e = event_new(op, id);
-		if (!e)
-			return 0;
+		struct event ev, *e = &ev;
+		event_init(e, op, id);
 		e->flags |= F_RETURN;
 		e->arg = cookie >> 32;
 		e->ret = ret;
-		bpf_ringbuf_submit(e, 0);
+		event_send(e);
 		return 0;
 	}
 	if (st->pend_op != op)
 		return 0;
 	st->pend_op = 0;
-	struct event *e = event_new(op, id);
-	if (!e)
-		return 0;
+	struct event ev, *e = &ev;
+	event_init(e, op, id);
 	e->flags |= F_RETURN;
 	e->addr = st->pend_addr;
 	e->addr2 = st->pend_addr2;
@@ -521,9 +598,11 @@ int uprobe_floor(struct pt_regs *ctx)
 SEC("raw_tracepoint/sys_enter")
 int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
+	if (!tracing_on)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!bpf_map_lookup_elem(&traced, &pid))
+	if (!is_traced(pid))
 		return 0;
 	long nr = ctx->args[1];
 	__u32 op;
@@ -554,9 +633,8 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	struct thread_state *st = thread_get((__u32)id);
 	if (!st)
 		return 0;
-	struct event *e = event_new(op, id);
-	if (!e)
-		return 0;
+	struct event ev, *e = &ev;
+	event_init(e, op, id);
 	/* Syscall arguments: rdi, rsi, rdx, r10, r8. */
 	e->addr = r.di;
 	switch (op) {
@@ -583,70 +661,80 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		e->stack = take_sample(pid, r.ip, r.sp, r.bp, st->alloc_sp);
 	if (!e->stack)
 		e->stack = take_stack(ctx, pid, r.sp);
-	bpf_ringbuf_submit(e, 0);
+	event_send(e);
 	return 0;
 }
 
 SEC("raw_tracepoint/sched_process_fork")
 int sched_fork(struct bpf_raw_tracepoint_args *ctx)
 {
+	if (!tracing_on)
+		return 0;
 	struct task_struct *parent = (struct task_struct *)ctx->args[0];
 	struct task_struct *child = (struct task_struct *)ctx->args[1];
 	__u32 ppid = BPF_CORE_READ(parent, tgid);
-	if (!bpf_map_lookup_elem(&traced, &ppid))
+	if (!is_traced(ppid))
 		return 0;
 	__u32 ctid = BPF_CORE_READ(child, pid);
 	__u32 ctgid = BPF_CORE_READ(child, tgid);
 	int process = ctgid != ppid;
 	if (process && follow_forks) {
-		__u8 one = 1;
-		bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY);
+		__u8 v = TRACED;
+		bpf_map_update_elem(&traced, &ctgid, &v, BPF_ANY);
 	}
 	__u64 id = bpf_get_current_pid_tgid();
 	count_call(OP_THREAD_CREATE);
-	struct event *e = event_new(OP_THREAD_CREATE, id);
-	if (!e)
-		return 0;
+	struct event ev, *e = &ev;
+	event_init(e, OP_THREAD_CREATE, id);
 	e->arg = ctid;
 	e->addr = ctgid;
 	if (process)
 		e->flags |= F_PROCESS;
 	e->stack = take_stack(ctx, e->pid, 0);
-	bpf_ringbuf_submit(e, 0);
+	event_send(e);
 	return 0;
 }
 
 SEC("raw_tracepoint/sched_process_exit")
 int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 {
+	if (!tracing_on)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 	__u32 tid = (__u32)id;
-	if (!bpf_map_lookup_elem(&traced, &pid))
+	if (!is_traced(pid))
 		return 0;
 	bpf_map_delete_elem(&threads, &tid);
+	if (pid == tid)
+		bpf_map_delete_elem(&alloc_ranges, &pid);
 	count_call(OP_THREAD_EXIT);
-	struct event *e = event_new(OP_THREAD_EXIT, id);
-	if (!e)
-		return 0;
+	struct event ev, *e = &ev;
+	event_init(e, OP_THREAD_EXIT, id);
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	e->ret = BPF_CORE_READ(task, exit_code);
-	bpf_ringbuf_submit(e, 0);
+	event_send(e);
 	return 0;
 }
 
 SEC("raw_tracepoint/sched_process_exec")
 int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 {
+	if (!tracing_on)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!bpf_map_lookup_elem(&traced, &pid))
+	__u8 *state = bpf_map_lookup_elem(&traced, &pid);
+	if (!state)
 		return 0;
+	/* The gate became the target: trace from here on. */
+	*state = TRACED;
 	count_call(OP_EXEC);
-	struct event *e = event_new(OP_EXEC, id);
-	if (!e)
-		return 0;
-	bpf_ringbuf_submit(e, 0);
+	/* A new image: the allocator is elsewhere now. */
+	bpf_map_delete_elem(&alloc_ranges, &pid);
+	struct event ev, *e = &ev;
+	event_init(e, OP_EXEC, id);
+	event_send(e);
 	return 0;
 }
 

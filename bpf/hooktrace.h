@@ -6,6 +6,7 @@
 
 #define MAX_FRAMES 48
 #define SAMPLE_BYTES 8192
+#define SCAN_SLOTS 512 /* return-slot scan: 4 KiB of stack */
 
 /* Record types at the start of every ring-buffer record. */
 enum rec_type {

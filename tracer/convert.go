@@ -7,6 +7,8 @@ import (
 	"strings"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -17,6 +19,7 @@ import (
 // process is still there to ask.
 type converter struct {
 	emit   func(*events.Record) error
+	unw    *unwinder
 	warn   func(string)
 	procs  map[uint32]*procState
 	events uint64
@@ -27,24 +30,65 @@ type converter struct {
 // procState is what the converter knows of one address space. An exec
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
-	sym     *symbolize.Symbolizer
-	stacks  map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
-	byFrame map[string]uint32 // unwound frames -> Stack.ID
-	locks   map[uint64]bool
-	threads map[uint32]bool
+	sym    *symbolize.Symbolizer
+	alloc  *allocRange
+	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
+	// notInAlloc holds the samples whose unwound stack has no allocator
+	// frame: the kernel's quick test was fooled (a stale return slot).
+	notInAlloc map[uint64]bool
+	byFrame    map[string]uint32 // unwound frames -> Stack.ID
+	locks      map[uint64]bool
+	threads    map[uint32]bool
+	// mapsDirty: an executable mapping was made since the maps were read.
+	mapsDirty bool
+}
+
+func (p *procState) refreshIfDirty() {
+	if p.mapsDirty {
+		p.mapsDirty = false
+		p.sym.Refresh()
+	}
+}
+
+// plausibleFrames keeps a frame-pointer stack up to its first address that
+// is not in executable code: past code built without frame pointers (glibc,
+// most -O2 libraries) the walk reads data as return addresses. whole says
+// nothing was cut.
+func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
+	for i, pc := range pcs {
+		m, ok := maps.Find(pc)
+		if pc == 0 || (ok && !m.Executable()) || (!ok && len(maps) > 0) {
+			return pcs[:i], false
+		}
+	}
+	return pcs, true
 }
 
 func newConverter(warn func(string)) *converter {
-	return &converter{warn: warn, procs: map[uint32]*procState{}}
+	return &converter{warn: warn, procs: map[uint32]*procState{}, unw: newUnwinder()}
 }
 
+// setAllocator records which allocator pid uses.
+func (c *converter) setAllocator(pid uint32, r *allocRange) {
+	c.proc(pid).alloc = r
+}
+
+// watch starts afresh on pid's address space, keeping what is known of
+// its allocator (the probes were placed for the image it runs or is about
+// to exec).
 func (c *converter) watch(pid uint32) *procState {
+	var alloc *allocRange
+	if old, ok := c.procs[pid]; ok {
+		alloc = old.alloc
+	}
 	p := &procState{
-		sym:     symbolize.New(int(pid)),
-		stacks:  map[uint64]uint32{},
-		byFrame: map[string]uint32{},
-		locks:   map[uint64]bool{},
-		threads: map[uint32]bool{},
+		sym:        symbolize.New(int(pid)),
+		alloc:      alloc,
+		notInAlloc: map[uint64]bool{},
+		stacks:     map[uint64]uint32{},
+		byFrame:    map[string]uint32{},
+		locks:      map[uint64]bool{},
+		threads:    map[uint32]bool{},
 	}
 	c.procs[pid] = p
 	return p
@@ -113,7 +157,23 @@ func (c *converter) event(r *hooktraceEvent) error {
 	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
 		if _, ok := c.procs[uint32(r.Addr)]; !ok {
-			c.watch(uint32(r.Addr))
+			c.watch(uint32(r.Addr)).alloc = p.alloc
+		}
+	}
+	if op == events.OpMmap && r.Arg&unix.PROT_EXEC != 0 {
+		// Code is being mapped (the loader, dlopen): stacks may soon
+		// point into it.
+		p.mapsDirty = true
+	}
+	flags, addr2 := events.Flags(r.Flags), r.Addr2
+	stack := p.stacks[r.Stack]
+	if r.Stack>>63 != 0 {
+		// A sample is used by one event only.
+		delete(p.stacks, r.Stack)
+		if p.notInAlloc[r.Stack] {
+			delete(p.notInAlloc, r.Stack)
+			flags &^= events.FlagInAlloc
+			addr2 = 0
 		}
 	}
 	c.events++
@@ -122,13 +182,13 @@ func (c *converter) event(r *hooktraceEvent) error {
 		PID:   r.Pid,
 		TID:   r.Tid,
 		Op:    op,
-		Flags: events.Flags(r.Flags),
+		Flags: flags,
 		Addr:  r.Addr,
-		Addr2: r.Addr2,
+		Addr2: addr2,
 		Size:  r.Size,
 		Arg:   r.Arg,
 		Ret:   r.Ret,
-		Stack: p.stacks[r.Stack],
+		Stack: stack,
 	}}
 	return c.emit(&c.rec)
 }
@@ -139,8 +199,10 @@ func (c *converter) stack(r *hooktraceStack) error {
 		return nil // sent before the kernel's LRU forgot it
 	}
 	n := min(int(r.Nr), len(r.Ips))
-	frames := p.sym.Frames(r.Ips[:n])
-	id, err := c.sendStack(p, frames, r.Truncated != 0)
+	p.refreshIfDirty()
+	pcs, whole := plausibleFrames(p.sym.Maps(), r.Ips[:n])
+	frames := p.sym.Frames(pcs)
+	id, err := c.sendStack(p, frames, r.Truncated != 0 || !whole)
 	p.stacks[r.Hash] = id
 	return err
 }
@@ -148,7 +210,21 @@ func (c *converter) stack(r *hooktraceStack) error {
 func (c *converter) sample(r *hooktraceSample) error {
 	p := c.proc(r.Pid)
 	n := min(int(r.Len), len(r.Data))
-	pcs, complete := unwindSample(p.sym, r.Ip, r.Sp, r.Bp, r.Data[:n])
+	p.refreshIfDirty()
+	maps := p.sym.Maps()
+	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
+	if p.alloc != nil {
+		inside := false
+		for _, pc := range pcs[min(1, len(pcs)):] {
+			if p.alloc.contains(maps, pc) {
+				inside = true
+				break
+			}
+		}
+		if !inside {
+			p.notInAlloc[r.Hash] = true
+		}
+	}
 	frames := p.sym.Frames(pcs)
 	id, err := c.sendStack(p, frames, !complete)
 	p.stacks[r.Hash] = id

@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type hooktraceAllocRange struct {
+	_  structs.HostLayout
+	Lo uint64
+	Hi uint64
+}
+
 type hooktraceEvent struct {
 	_     structs.HostLayout
 	Type  uint32
@@ -43,8 +49,9 @@ type hooktraceSample struct {
 }
 
 type hooktraceScratch struct {
-	_   structs.HostLayout
-	Ips [49]uint64
+	_     structs.HostLayout
+	Ips   [49]uint64
+	Slots [512]uint64
 }
 
 type hooktraceStack struct {
@@ -124,14 +131,15 @@ type hooktraceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceMapSpecs struct {
-	Calls      *ebpf.MapSpec `ebpf:"calls"`
-	FloorHits  *ebpf.MapSpec `ebpf:"floor_hits"`
-	Lost       *ebpf.MapSpec `ebpf:"lost"`
-	Ring       *ebpf.MapSpec `ebpf:"ring"`
-	ScratchMap *ebpf.MapSpec `ebpf:"scratch_map"`
-	SeenStacks *ebpf.MapSpec `ebpf:"seen_stacks"`
-	Threads    *ebpf.MapSpec `ebpf:"threads"`
-	Traced     *ebpf.MapSpec `ebpf:"traced"`
+	AllocRanges *ebpf.MapSpec `ebpf:"alloc_ranges"`
+	Calls       *ebpf.MapSpec `ebpf:"calls"`
+	FloorHits   *ebpf.MapSpec `ebpf:"floor_hits"`
+	Lost        *ebpf.MapSpec `ebpf:"lost"`
+	Ring        *ebpf.MapSpec `ebpf:"ring"`
+	ScratchMap  *ebpf.MapSpec `ebpf:"scratch_map"`
+	SeenStacks  *ebpf.MapSpec `ebpf:"seen_stacks"`
+	Threads     *ebpf.MapSpec `ebpf:"threads"`
+	Traced      *ebpf.MapSpec `ebpf:"traced"`
 }
 
 // hooktraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -140,6 +148,7 @@ type hooktraceMapSpecs struct {
 type hooktraceVariableSpecs struct {
 	FollowForks  *ebpf.VariableSpec `ebpf:"follow_forks"`
 	FullMode     *ebpf.VariableSpec `ebpf:"full_mode"`
+	TracingOn    *ebpf.VariableSpec `ebpf:"tracing_on"`
 	UnusedEvent  *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedSample *ebpf.VariableSpec `ebpf:"unused_sample"`
 	UnusedStack  *ebpf.VariableSpec `ebpf:"unused_stack"`
@@ -166,18 +175,20 @@ func (o *hooktraceObjects) Close() error {
 //
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktraceMaps struct {
-	Calls      *ebpf.Map `ebpf:"calls"`
-	FloorHits  *ebpf.Map `ebpf:"floor_hits"`
-	Lost       *ebpf.Map `ebpf:"lost"`
-	Ring       *ebpf.Map `ebpf:"ring"`
-	ScratchMap *ebpf.Map `ebpf:"scratch_map"`
-	SeenStacks *ebpf.Map `ebpf:"seen_stacks"`
-	Threads    *ebpf.Map `ebpf:"threads"`
-	Traced     *ebpf.Map `ebpf:"traced"`
+	AllocRanges *ebpf.Map `ebpf:"alloc_ranges"`
+	Calls       *ebpf.Map `ebpf:"calls"`
+	FloorHits   *ebpf.Map `ebpf:"floor_hits"`
+	Lost        *ebpf.Map `ebpf:"lost"`
+	Ring        *ebpf.Map `ebpf:"ring"`
+	ScratchMap  *ebpf.Map `ebpf:"scratch_map"`
+	SeenStacks  *ebpf.Map `ebpf:"seen_stacks"`
+	Threads     *ebpf.Map `ebpf:"threads"`
+	Traced      *ebpf.Map `ebpf:"traced"`
 }
 
 func (m *hooktraceMaps) Close() error {
 	return _HooktraceClose(
+		m.AllocRanges,
 		m.Calls,
 		m.FloorHits,
 		m.Lost,
@@ -195,6 +206,7 @@ func (m *hooktraceMaps) Close() error {
 type hooktraceVariables struct {
 	FollowForks  *ebpf.Variable `ebpf:"follow_forks"`
 	FullMode     *ebpf.Variable `ebpf:"full_mode"`
+	TracingOn    *ebpf.Variable `ebpf:"tracing_on"`
 	UnusedEvent  *ebpf.Variable `ebpf:"unused_event"`
 	UnusedSample *ebpf.Variable `ebpf:"unused_sample"`
 	UnusedStack  *ebpf.Variable `ebpf:"unused_stack"`

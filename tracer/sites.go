@@ -157,7 +157,7 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 // attach places the site's probes for pid, after checking that the code in
 // memory is the code in the file: a uprobe on a function a runtime patcher
 // has overwritten kills the process on its next call.
-func (s *site) attach(pid int, prog, retProg *ebpf.Program) ([]link.Link, []events.ProbeSite, error) {
+func (s *site) attach(pid int, prog, retProg *ebpf.Program, alloc *allocRange) ([]link.Link, []events.ProbeSite, error) {
 	if s.live != 0 {
 		if err := placement.CheckLive(pid, s.live, s.code[:min(len(s.code), 16)]); err != nil {
 			return nil, nil, fmt.Errorf("not probing %s in %s: %w", s.fn.name, s.object, err)
@@ -171,6 +171,8 @@ func (s *site) attach(pid int, prog, retProg *ebpf.Program) ([]link.Link, []even
 	cookie := uint64(op) | uint64(s.choice.StackAdjust)<<16
 	if s.userIdx >= 0 {
 		cookie |= uint64(s.userIdx) << 32
+	} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
+		cookie |= alloc.cookieRange(s.sym.Offset + uint64(s.choice.Offset))
 	}
 	offset := uint64(s.choice.Offset)
 	if s.fn.ret {
@@ -353,7 +355,6 @@ func liveAddress(pid int, object string, off uint64) uint64 {
 	}
 	return 0
 }
-
 
 // functionCode reads a function's bytes from its file: the placement needs
 // the whole body to see branches back to the chosen site.

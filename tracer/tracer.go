@@ -68,10 +68,15 @@ type Tracer struct {
 	rd    *ringbuf.Reader
 	sites []events.ProbeSite
 
-	mu       sync.Mutex // guards what Attach and the reader share
-	conv     *converter
-	lostSeen uint64
+	mu        sync.Mutex // guards what Attach and the reader share
+	conv      *converter
+	lostSeen  uint64
+	allocator string
 }
+
+// Allocator names the allocator the target uses ("glibc", "jemalloc"...),
+// once Attach has found it.
+func (t *Tracer) Allocator() string { return t.allocator }
 
 // New loads the BPF objects and attaches the global tracepoints. Nothing is
 // traced until Attach names a process.
@@ -157,9 +162,14 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err := checkProcess(pid); err != nil {
 		return err
 	}
-	one := uint8(1)
+	// A gated child is only traced from its exec: its own start-up is
+	// hooktrace's, not the target's.
+	state := uint8(1)
+	if exe != "" {
+		state = 2
+	}
 	key := uint32(pid)
-	if err := t.objs.Traced.Put(&key, &one); err != nil {
+	if err := t.objs.Traced.Put(&key, &state); err != nil {
 		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
 	}
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
@@ -170,16 +180,22 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err != nil {
 		return err
 	}
+	alloc := findAllocator(plan)
+	t.conv.setAllocator(uint32(pid), alloc)
+	if alloc != nil {
+		t.allocator = alloc.name
+	}
 	for _, s := range plan {
-		l, site, err := s.attach(pid, prog, retProg)
+		l, site, err := s.attach(pid, prog, retProg, alloc)
 		if err != nil {
 			t.opts.Warn(err.Error())
 			continue
 		}
+		t.mu.Lock()
 		t.links = append(t.links, l...)
+		t.mu.Unlock()
 		t.sites = append(t.sites, site...)
 	}
-	t.conv.watch(uint32(pid))
 	return nil
 }
 
@@ -212,6 +228,9 @@ func checkProcess(pid int) error {
 // closed; then it closes the probes, drains what is left and returns.
 func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) error {
 	t.conv.emit = emit
+	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
+		return fmt.Errorf("turning tracing on: %w", err)
+	}
 	done := make(chan struct{})
 	go func() {
 		select {
@@ -220,6 +239,7 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 		}
 		// Stop new events, then let the reader drain what is queued: after
 		// Flush, reads return what is in the ring, then ErrFlushed.
+		t.objs.TracingOn.Set(uint32(0))
 		t.closeLinks()
 		t.rd.Flush()
 	}()

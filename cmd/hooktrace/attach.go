@@ -9,6 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
+
+	"github.com/hooktrace/hooktrace/tracer"
 )
 
 func newAttachCmd() *cobra.Command {
@@ -16,10 +18,10 @@ func newAttachCmd() *cobra.Command {
 	var pid int
 	var duration time.Duration
 	c := &cobra.Command{
-		Use:   "attach --pid PID [flags]",
-		Short: "Trace a running process until Ctrl-C, SIGTERM, --duration or its exit",
+		Use:     "attach --pid PID [flags]",
+		Short:   "Trace a running process until Ctrl-C, SIGTERM, --duration or its exit",
 		Example: `  hooktrace attach --pid 1234 --duration 30s -o live.htr`,
-		Args: cobra.NoArgs,
+		Args:    cobra.NoArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			if pid <= 0 {
 				return usageError{fmt.Errorf("--pid is required")}
@@ -42,6 +44,9 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		s.tr.Close()
+		if err == unix.ESRCH {
+			return fmt.Errorf("pid %d: %w", pid, tracer.ErrNoProcess)
+		}
 		return fmt.Errorf("pid %d: %w", pid, err)
 	}
 	defer unix.Close(pidfd)

@@ -30,7 +30,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	hooktraceBin = filepath.Join(dir, "hooktrace")
-	out, err := exec.Command("go", "build", "-o", hooktraceBin, ".").CombinedOutput()
+	build := exec.Command("go", "build", "-o", hooktraceBin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building hooktrace: %v\n%s", err, out)
 		os.Exit(1)

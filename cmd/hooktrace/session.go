@@ -187,10 +187,10 @@ func (s *statusLine) stop() {
 // recordSink receives the live stream: it feeds the analyzer and writes the
 // trace file.
 type recordSink struct {
-	an      *analyzer.Analyzer
-	f       *os.File
-	w       *events.Writer
-	last    time.Time
+	an   *analyzer.Analyzer
+	f    *os.File
+	w    *events.Writer
+	last time.Time
 }
 
 func newRecordSink(path string, h *events.Header) (*recordSink, error) {

@@ -1,0 +1,114 @@
+package tracer
+
+import (
+	"debug/elf"
+	"path/filepath"
+	"strings"
+
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
+)
+
+// allocRange is where an allocator's code lies in its object, as file
+// offsets. A return address in this range on a thread's stack means the
+// thread is inside an allocator call.
+type allocRange struct {
+	object string
+	name   string // "glibc", "jemalloc", ...
+	lo, hi uint64
+}
+
+// glibcAllocFuncs are malloc.c's functions, public and internal (named
+// through the debug file); together they bound glibc's allocator code.
+var glibcAllocFuncs = []string{
+	"malloc", "free", "calloc", "realloc", "memalign", "posix_memalign", "aligned_alloc",
+	"valloc", "pvalloc", "malloc_trim", "malloc_usable_size", "mallinfo2", "malloc_stats",
+	"_int_free", "_int_malloc", "_int_realloc", "_int_memalign", "sysmalloc",
+	"malloc_consolidate", "munmap_chunk", "mremap_chunk", "arena_get2", "_int_new_arena",
+	"tcache_init", "ptmalloc_init", "new_heap", "alloc_new_heap",
+}
+
+// findAllocator says which allocator provides malloc in the plan and
+// where its code lies. glibc's allocator is a part of libc, bounded by its
+// functions; any other allocator library is all allocator.
+func findAllocator(plan []site) *allocRange {
+	var object string
+	for _, s := range plan {
+		if s.fn.name == "malloc" {
+			object = s.object
+		}
+	}
+	if object == "" {
+		return nil
+	}
+	o, err := symbolize.Open(object)
+	if err != nil {
+		return nil
+	}
+	if _, err := o.Func("_int_malloc"); err == nil || strings.HasPrefix(filepath.Base(object), "libc.so") {
+		r := &allocRange{object: object, name: "glibc"}
+		for _, name := range glibcAllocFuncs {
+			sym, err := o.Func(name)
+			if err != nil || sym.Offset == 0 {
+				continue
+			}
+			if r.lo == 0 || sym.Offset < r.lo {
+				r.lo = sym.Offset
+			}
+			r.hi = max(r.hi, sym.Offset+max(sym.Size, 1))
+		}
+		if r.lo == 0 {
+			return nil
+		}
+		return r
+	}
+	r := &allocRange{object: object, name: allocatorName(object)}
+	f, err := elf.Open(object)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 {
+			r.lo, r.hi = p.Off, p.Off+p.Filesz
+			return r
+		}
+	}
+	return nil
+}
+
+func allocatorName(object string) string {
+	base := filepath.Base(object)
+	for _, n := range []string{"jemalloc", "tcmalloc", "mimalloc", "tbbmalloc", "hoard"} {
+		if strings.Contains(base, n) {
+			return n
+		}
+	}
+	return strings.SplitN(base, ".so", 2)[0]
+}
+
+// cookieRange encodes, for an allocator probe at file offset off, where
+// the allocator's code lies relative to it (see COOKIE_RANGE_* in BPF).
+func (r *allocRange) cookieRange(off uint64) uint64 {
+	if r == nil || r.object == "" || off < r.lo {
+		return 0
+	}
+	back := off - r.lo
+	units := (r.hi - r.lo + 0xffff) >> 16
+	if back >= 1<<24 || units == 0 || units >= 1<<8 {
+		return 0
+	}
+	return back<<32 | units<<56
+}
+
+// contains reports whether runtime address pc, in maps, is allocator code.
+func (r *allocRange) contains(maps symbolize.Maps, pc uint64) bool {
+	if r == nil {
+		return false
+	}
+	m, ok := maps.Find(pc)
+	if !ok || m.Path != r.object {
+		return false
+	}
+	off := pc - m.Start + m.Offset
+	return off >= r.lo && off < r.hi
+}
