@@ -19,6 +19,7 @@ import (
 // process is still there to ask.
 type converter struct {
 	emit   func(*events.Record) error
+	onFork func(pid uint32) // a traced process forked a child to follow
 	unw    *unwinder
 	warn   func(string)
 	procs  map[uint32]*procState
@@ -158,6 +159,9 @@ func (c *converter) event(r *hooktraceEvent) error {
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
 		if _, ok := c.procs[uint32(r.Addr)]; !ok {
 			c.watch(uint32(r.Addr)).alloc = p.alloc
+			if c.onFork != nil {
+				c.onFork(uint32(r.Addr))
+			}
 		}
 	}
 	if op == events.OpMmap && r.Arg&unix.PROT_EXEC != 0 {

@@ -75,10 +75,16 @@ type site struct {
 // provides it to pid (the first definition in the loader's search order: a
 // preloaded or linked-in allocator wins over glibc's), and the offset to
 // probe at.
-func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]site, error) {
+func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func(string)) ([]site, error) {
 	objs, err := searchOrder(pid, exe)
 	if err != nil {
 		return nil, err
+	}
+	// A uretprobe swaps a return address on the stack, and Go moves and
+	// walks its goroutine stacks: return probes would corrupt them.
+	goTarget := symbolize.ExeIsGo(objs[0])
+	if goTarget {
+		warn(fmt.Sprintf("%s is a Go program: no return probes are placed (they corrupt Go stacks), so try and timed lock results, cond_wait's retake and --probe exits are not traced", objs[0]))
 	}
 	opened := map[string]*symbolize.Object{}
 	open := func(path string) *symbolize.Object {
@@ -146,8 +152,11 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 			warn(fmt.Sprintf("reading %s in %s: %v", s.fn.name, s.object, err))
 			continue
 		}
-		if s.userIdx < 0 {
+		if s.userIdx < 0 && !atEntry {
 			s.choice = placement.Choose(s.code, s.fn.args)
+		}
+		if goTarget {
+			s.fn.ret = false
 		}
 		s.live = liveAddress(pid, s.object, s.sym.Offset)
 	}

@@ -48,6 +48,9 @@ type Options struct {
 	// Floor attaches the counting-only program instead of the real one:
 	// the benchmarks' measure of what the probe sites alone cost.
 	Floor bool
+	// FloorAtEntry puts every probe at its function's first instruction, as
+	// a naive uprobe tracer does: the benchmarks' other reference.
+	FloorAtEntry bool
 	// Warn receives warnings (a site refused, a missing symbol).
 	Warn func(string)
 }
@@ -176,7 +179,7 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if t.opts.Floor {
 		prog, retProg = t.objs.UprobeFloor, nil
 	}
-	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
+	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.FloorAtEntry, t.opts.Warn)
 	if err != nil {
 		return err
 	}
@@ -228,6 +231,15 @@ func checkProcess(pid int) error {
 // closed; then it closes the probes, drains what is left and returns.
 func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) error {
 	t.conv.emit = emit
+	if t.opts.FollowForks {
+		// The kernel already filters the child in; its uprobes are
+		// per-process and must be placed for it.
+		t.conv.onFork = func(pid uint32) {
+			if err := t.Attach(int(pid), ""); err != nil {
+				t.opts.Warn(fmt.Sprintf("following child %d: %v", pid, err))
+			}
+		}
+	}
 	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
 		return fmt.Errorf("turning tracing on: %w", err)
 	}
