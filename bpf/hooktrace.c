@@ -49,6 +49,11 @@ struct thread_state {
 	__u32 alloc_op;
 	__s32 held; /* locks held, as far as the probes saw */
 	__u32 pend_op;
+	__u32 alloc_seq; /* counts the thread's outermost allocator calls */
+	/* Return probes armed and not yet fired: each swapped a return address
+	 * on the stack for the kernel's trampoline, which only the kernel's
+	 * own unwinder (bpf_get_stack) puts back. */
+	__u32 uret_pending;
 	__u32 pad;
 };
 
@@ -212,19 +217,58 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
 	return 1;
 }
 
+/* The reader is woken only once this much is waiting, and polls for the
+ * rest: a wake-up per record (an irq_work, an IPI in a VM) costs more than
+ * the record. */
+#define WAKE_BYTES (256 << 10)
+#define RB_NO_WAKEUP 1    /* BPF_RB_NO_WAKEUP */
+#define RB_FORCE_WAKEUP 2 /* BPF_RB_FORCE_WAKEUP */
+#define RB_AVAIL_DATA 0   /* BPF_RB_AVAIL_DATA */
+
+static __always_inline __u64 ring_flags(void)
+{
+	return bpf_ringbuf_query(&ring, RB_AVAIL_DATA) >= WAKE_BYTES ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+}
+
+/* The frame-pointer chain from (ip, fp) into ips (MAX_FRAMES slots), read
+ * here a frame at a time: far cheaper than bpf_get_stack on a short stack.
+ * The walk stops where the chain stops going up the stack (code built
+ * without frame pointers leaves anything in rbp). Returns the count. */
+static __always_inline __u32 walk_fp(__u64 *ips, __u64 ip, __u64 fp)
+{
+	__u32 n = 1;
+	ips[0] = ip;
+	for (__u32 i = 1; i < MAX_FRAMES; i++) {
+		__u64 fr[2];
+		if (!fp || (fp & 7) || bpf_probe_read_user(fr, sizeof(fr), (void *)fp) || !fr[1])
+			break;
+		ips[i] = fr[1];
+		n = i + 1;
+		if (fr[0] <= fp)
+			break;
+		fp = fr[0];
+	}
+	return n;
+}
+
 /* Takes the user stack: the frame-pointer chain, with the immediate caller
  * put back (at a probe before the function's own frame is built, the
  * caller's return address sits at [sp+adj], not in the chain). Sends it
  * once per distinct hash and returns the hash. */
-static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot)
+static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, struct pt_regs *uregs)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
 	if (!s)
 		return 0;
-	long n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
-	if (n <= 0)
-		return 0;
+	long n;
+	if (uregs) {
+		n = walk_fp(&s->ips[1], PT_REGS_IP(uregs), PT_REGS_FP(uregs)) * sizeof(__u64);
+	} else {
+		n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
+		if (n <= 0)
+			return 0;
+	}
 	__u32 nr = n / sizeof(__u64);
 	__u32 start = 1;
 	if (ret_slot) {
@@ -274,7 +318,7 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot)
 		else
 			r->ips[i] = s->ips[j];
 	}
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, ring_flags());
 	__u8 one = 1;
 	bpf_map_update_elem(&seen_stacks, &hash, &one, BPF_ANY);
 	return hash;
@@ -316,7 +360,7 @@ static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp
 	r->ip = ip;
 	r->sp = sp;
 	r->bp = bp;
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, ring_flags());
 	return id;
 }
 
@@ -341,7 +385,7 @@ static __always_inline void event_init(struct event *e, __u32 op, __u64 id)
 
 static __always_inline void event_send(struct event *e)
 {
-	if (bpf_ringbuf_output(&ring, e, sizeof(*e), 0))
+	if (bpf_ringbuf_output(&ring, e, sizeof(*e), ring_flags()))
 		count_lost(REC_EVENT);
 }
 
@@ -351,7 +395,7 @@ static __always_inline void alloc_context(struct event *e, struct thread_state *
 	if (!in_alloc(st, e->pid, sp))
 		return;
 	e->flags |= F_IN_ALLOC;
-	e->addr2 = st->alloc_op;
+	e->addr2 = st->alloc_op | ((__u64)st->alloc_seq << 16);
 }
 
 static __always_inline int is_mutex(__u32 op)
@@ -386,11 +430,11 @@ static __always_inline void send_with_stack(void *ctx, struct event *e, struct p
 		e->stack = take_sample(e->pid, PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs),
 				       st->alloc_sp);
 	if (!e->stack)
-		e->stack = take_stack(ctx, e->pid, ret_slot);
+		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : regs);
 	event_send(e);
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int uprobe_hook(struct pt_regs *ctx)
 {
 	if (!tracing_on)
@@ -416,8 +460,9 @@ int uprobe_hook(struct pt_regs *ctx)
 			bpf_map_update_elem(&alloc_ranges, &pid, &r, BPF_NOEXIST);
 		}
 		int nested = in_alloc(st, pid, sp);
-		__u32 outer = st->alloc_op;
+		__u64 outer = st->alloc_op | ((__u64)st->alloc_seq << 16);
 		if (!nested) {
+			st->alloc_seq++;
 			st->alloc_sp = ret_slot;
 			bpf_probe_read_user(&st->alloc_ret, sizeof(st->alloc_ret), (void *)ret_slot);
 			st->alloc_op = op;
@@ -470,6 +515,7 @@ int uprobe_hook(struct pt_regs *ctx)
 	}
 
 	if (op == OP_PROBE_ENTER) {
+		st->uret_pending++;
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->arg = cookie >> 32;
@@ -482,6 +528,7 @@ int uprobe_hook(struct pt_regs *ctx)
 
 	/* Calls whose result matters are finished by the return probe. */
 	if (is_try_or_timed(op) || op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT) {
+		st->uret_pending++;
 		st->pend_op = op;
 		st->pend_addr = PT_REGS_PARM1(ctx);
 		st->pend_addr2 = PT_REGS_PARM2(ctx);
@@ -531,7 +578,7 @@ int uprobe_hook(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uretprobe")
+SEC("uretprobe.multi")
 int uretprobe_hook(struct pt_regs *ctx)
 {
 	if (!tracing_on)
@@ -543,6 +590,8 @@ int uretprobe_hook(struct pt_regs *ctx)
 	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
 	if (!st)
 		return 0;
+	if (st->uret_pending > 0)
+		st->uret_pending--;
 	__s64 ret = PT_REGS_RC(ctx);
 
 	if (op == OP_PROBE_EXIT) {
@@ -585,7 +634,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int uprobe_floor(struct pt_regs *ctx)
 {
 	__u32 zero = 0;
@@ -660,7 +709,7 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if ((e->flags & F_IN_ALLOC) && want_samples)
 		e->stack = take_sample(pid, r.ip, r.sp, r.bp, st->alloc_sp);
 	if (!e->stack)
-		e->stack = take_stack(ctx, pid, r.sp);
+		e->stack = take_stack(ctx, pid, r.sp, st->uret_pending ? 0 : &r);
 	event_send(e);
 	return 0;
 }
@@ -690,7 +739,7 @@ int sched_fork(struct bpf_raw_tracepoint_args *ctx)
 	e->addr = ctgid;
 	if (process)
 		e->flags |= F_PROCESS;
-	e->stack = take_stack(ctx, e->pid, 0);
+	e->stack = take_stack(ctx, e->pid, 0, 0);
 	event_send(e);
 	return 0;
 }

@@ -262,7 +262,10 @@ func (k MutexKind) String() string {
 //	               old image.
 //	probe_*:       Arg = index into Header.UserProbes.
 //
-// FlagInAlloc events carry the enclosing allocator op in Addr2.
+// FlagInAlloc events carry the enclosing allocator call in Addr2: its op in
+// the low 16 bits, and above them a number the thread's outermost allocator
+// calls count up with, so that events of two calls can be told apart
+// (InAllocCall).
 type Event struct {
 	Time  uint64 // CLOCK_MONOTONIC, ns
 	PID   uint32 // thread group (process) ID
@@ -275,6 +278,12 @@ type Event struct {
 	Arg   uint64
 	Ret   int64
 	Stack uint32 // Stack.ID, 0 when none was taken
+}
+
+// InAllocCall returns, for a FlagInAlloc event, the allocator call it ran
+// in: its op and the thread's number for that call.
+func (e *Event) InAllocCall() (Op, uint64) {
+	return Op(e.Addr2 & 0xffff), e.Addr2 >> 16
 }
 
 // Has reports whether every flag in f is set.
@@ -359,6 +368,39 @@ type Footer struct {
 	ExitStatus *int              `json:"exit_status,omitempty"`
 	ExitSignal string            `json:"exit_signal,omitempty"`
 	Reason     string            `json:"reason,omitempty"` // why tracing stopped
+	// Hang is the deadlock hang detection found in the live process, if
+	// it found one (tracing then stopped).
+	Hang *Hang `json:"hang,omitempty"`
+}
+
+// Hang is what hang detection read from a process whose threads stayed
+// blocked in lock waits: every such thread, the lock it waits for and that
+// lock's owner, so that the deadlock can be explained offline.
+type Hang struct {
+	Time    uint64       `json:"time_ns"` // CLOCK_MONOTONIC when it was confirmed
+	PID     uint32       `json:"pid"`
+	Timeout uint64       `json:"timeout_ns"` // every thread listed was blocked at least this long
+	Action  string       `json:"action"`     // what hooktrace did then: "kill" or "detach"
+	Threads []HangThread `json:"threads"`
+}
+
+// HangThread is one blocked thread of a Hang.
+type HangThread struct {
+	TID  uint32 `json:"tid"`
+	Name string `json:"name,omitempty"`
+	// Lock is the address waited on: a pthread mutex, or glibc's arena
+	// lock (inside main_arena or a heap's arena).
+	Lock     uint64 `json:"lock"`
+	LockName string `json:"lock_name,omitempty"` // "vma_lock (librcache.so)", "glibc malloc arena"
+	LockKind string `json:"lock_kind"`           // "mutex", "arena", "futex" (unknown)
+	// Owner is the TID holding the lock, 0 when unknown; OwnerFrom says
+	// how it was found (a mutex's __owner field, or for the arena lock,
+	// which records no owner, the owner's stack).
+	Owner     uint32  `json:"owner,omitempty"`
+	OwnerFrom string  `json:"owner_from,omitempty"`
+	BlockedNS uint64  `json:"blocked_ns"`
+	Stack     []Frame `json:"stack"`
+	Truncated bool    `json:"stack_truncated,omitempty"`
 }
 
 // Version is the trace-file format version this package writes.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -18,6 +19,7 @@ import (
 // event that uses it, and names threads and locks on first sight, while the
 // process is still there to ask.
 type converter struct {
+	mu     sync.Mutex // guards procs for exiting, called from elsewhere
 	emit   func(*events.Record) error
 	onFork func(pid uint32) // a traced process forked a child to follow
 	unw    *unwinder
@@ -32,6 +34,7 @@ type converter struct {
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
 	sym    *symbolize.Symbolizer
+	live   *liveMaps // keeps sym current while the process lives
 	alloc  *allocRange
 	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
 	// notInAlloc holds the samples whose unwound stack has no allocator
@@ -44,11 +47,16 @@ type procState struct {
 	mapsDirty bool
 }
 
-func (p *procState) refreshIfDirty() {
-	if p.mapsDirty {
+// mapsFor returns the process's mappings, read again when code was mapped
+// since, or when pc is in none of them.
+func (p *procState) mapsFor(pc uint64) symbolize.Maps {
+	maps := p.sym.Maps()
+	if _, ok := maps.Find(pc); p.mapsDirty || !ok {
 		p.mapsDirty = false
 		p.sym.Refresh()
+		maps = p.sym.Maps()
 	}
+	return maps
 }
 
 // plausibleFrames keeps a frame-pointer stack up to its first address that
@@ -79,11 +87,22 @@ func (c *converter) setAllocator(pid uint32, r *allocRange) {
 // to exec).
 func (c *converter) watch(pid uint32) *procState {
 	var alloc *allocRange
-	if old, ok := c.procs[pid]; ok {
-		alloc = old.alloc
+	sym := symbolize.New(int(pid))
+	old, ok := c.procs[pid]
+	var live *liveMaps
+	if ok {
+		alloc, live = old.alloc, old.live
+		// Gone already: the poller's last snapshot is all there is.
+		if len(sym.Maps()) == 0 {
+			sym = old.sym
+		}
+		live.sym.Store(sym)
+	} else {
+		live = startLiveMaps(pid, sym)
 	}
 	p := &procState{
-		sym:        symbolize.New(int(pid)),
+		sym:        sym,
+		live:       live,
 		alloc:      alloc,
 		notInAlloc: map[uint64]bool{},
 		stacks:     map[uint64]uint32{},
@@ -91,8 +110,29 @@ func (c *converter) watch(pid uint32) *procState {
 		locks:      map[uint64]bool{},
 		threads:    map[uint32]bool{},
 	}
+	c.mu.Lock()
 	c.procs[pid] = p
+	c.mu.Unlock()
 	return p
+}
+
+// exiting takes the last snapshot of pid's mappings. It runs on another
+// goroutine than the converter: it only touches the symbolizer, which
+// locks.
+func (c *converter) exiting(pid uint32) {
+	c.mu.Lock()
+	p := c.procs[pid]
+	c.mu.Unlock()
+	if p != nil {
+		p.live.sym.Load().Refresh()
+	}
+}
+
+// close stops the maps pollers.
+func (c *converter) close() {
+	for _, p := range c.procs {
+		p.live.close()
+	}
 }
 
 func (c *converter) proc(pid uint32) *procState {
@@ -149,6 +189,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 	}
 	if (op.IsLockAcquire() || op == events.OpMutexInit) && !p.locks[r.Addr] {
 		p.locks[r.Addr] = true
+		p.mapsFor(r.Addr)
 		if name, ok := p.sym.Data(r.Addr); ok {
 			if err := c.send(&events.Record{Kind: events.RecLockName, LockName: events.LockName{
 				PID: r.Pid, Addr: r.Addr, Name: name}}); err != nil {
@@ -203,9 +244,8 @@ func (c *converter) stack(r *hooktraceStack) error {
 		return nil // sent before the kernel's LRU forgot it
 	}
 	n := min(int(r.Nr), len(r.Ips))
-	p.refreshIfDirty()
-	pcs, whole := plausibleFrames(p.sym.Maps(), r.Ips[:n])
-	frames := p.sym.Frames(pcs)
+	pcs, whole := plausibleFrames(p.mapsFor(r.Ips[0]), r.Ips[:n])
+	frames := p.sym.FramesInlined(pcs)
 	id, err := c.sendStack(p, frames, r.Truncated != 0 || !whole)
 	p.stacks[r.Hash] = id
 	return err
@@ -214,8 +254,7 @@ func (c *converter) stack(r *hooktraceStack) error {
 func (c *converter) sample(r *hooktraceSample) error {
 	p := c.proc(r.Pid)
 	n := min(int(r.Len), len(r.Data))
-	p.refreshIfDirty()
-	maps := p.sym.Maps()
+	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
 	if p.alloc != nil {
 		inside := false
@@ -229,7 +268,7 @@ func (c *converter) sample(r *hooktraceSample) error {
 			p.notInAlloc[r.Hash] = true
 		}
 	}
-	frames := p.sym.Frames(pcs)
+	frames := p.sym.FramesInlined(pcs)
 	id, err := c.sendStack(p, frames, !complete)
 	p.stacks[r.Hash] = id
 	return err

@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // GateArg is the first argument that makes the hooktrace binary act as the
@@ -77,6 +80,67 @@ func (g *Gated) Open() error {
 	defer g.open.Close()
 	_, err := g.open.Write([]byte{1})
 	return err
+}
+
+// RunToExit lets the target exec and waits for it to exit. It stops the
+// target at its exit, before its memory is torn down, and calls atExit
+// there: events are read behind the target, and a short-lived one would
+// otherwise be gone, mappings and all, before its stacks are symbolized.
+// The stop is ptrace's exit event on the main thread only (PTRACE_SEIZE
+// does not stop the target, and signals are passed on untouched); a
+// target that cannot be seized runs without the hold.
+func (g *Gated) RunToExit(atExit func()) (syscall.WaitStatus, error) {
+	type result struct {
+		ws  syscall.WaitStatus
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// ptrace requests must come from the thread that seized.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		pid := g.Cmd.Process.Pid
+		_, _, errno := syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, unix.PTRACE_O_TRACEEXIT, 0, 0)
+		seized := errno == 0
+		if err := g.Open(); err != nil {
+			done <- result{err: fmt.Errorf("starting the target: %w", err)}
+			return
+		}
+		var ws syscall.WaitStatus
+		for {
+			_, err := syscall.Wait4(pid, &ws, unix.WALL, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil {
+				done <- result{err: fmt.Errorf("waiting for the target: %w", err)}
+				return
+			}
+			if ws.Exited() || ws.Signaled() {
+				done <- result{ws: ws}
+				return
+			}
+			if !ws.Stopped() || !seized {
+				continue
+			}
+			sig := 0
+			switch event := int(ws) >> 16; {
+			case event == unix.PTRACE_EVENT_EXIT:
+				atExit()
+			case event == unix.PTRACE_EVENT_STOP:
+				// A group stop (SIGSTOP and friends): stay stopped as
+				// the target would untraced, but keep watching.
+				syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_LISTEN, uintptr(pid), 0, 0, 0, 0)
+				continue
+			default:
+				sig = int(ws.StopSignal())
+			}
+			syscall.PtraceCont(pid, sig)
+		}
+	}()
+	r := <-done
+	g.Cmd.Process.Release()
+	return r.ws, r.err
 }
 
 // Abort kills the held child without letting it exec.

@@ -65,15 +65,17 @@ type hooktraceStack struct {
 }
 
 type hooktraceThreadState struct {
-	_         structs.HostLayout
-	AllocSp   uint64
-	AllocRet  uint64
-	PendAddr  uint64
-	PendAddr2 uint64
-	AllocOp   uint32
-	Held      int32
-	PendOp    uint32
-	Pad       uint32
+	_           structs.HostLayout
+	AllocSp     uint64
+	AllocRet    uint64
+	PendAddr    uint64
+	PendAddr2   uint64
+	AllocOp     uint32
+	Held        int32
+	PendOp      uint32
+	AllocSeq    uint32
+	UretPending uint32
+	Pad         uint32
 }
 
 // loadHooktrace returns the embedded CollectionSpec for hooktrace.

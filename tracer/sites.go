@@ -9,9 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
-
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/tracer/placement"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
@@ -163,68 +160,6 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 	return plan, nil
 }
 
-// attach places the site's probes for pid, after checking that the code in
-// memory is the code in the file: a uprobe on a function a runtime patcher
-// has overwritten kills the process on its next call.
-func (s *site) attach(pid int, prog, retProg *ebpf.Program, alloc *allocRange) ([]link.Link, []events.ProbeSite, error) {
-	if s.live != 0 {
-		if err := placement.CheckLive(pid, s.live, s.code[:min(len(s.code), 16)]); err != nil {
-			return nil, nil, fmt.Errorf("not probing %s in %s: %w", s.fn.name, s.object, err)
-		}
-	}
-	ex, err := link.OpenExecutable(s.object)
-	if err != nil {
-		return nil, nil, fmt.Errorf("opening %s: %w", s.object, err)
-	}
-	op := s.fn.op
-	cookie := uint64(op) | uint64(s.choice.StackAdjust)<<16
-	if s.userIdx >= 0 {
-		cookie |= uint64(s.userIdx) << 32
-	} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
-		cookie |= alloc.cookieRange(s.sym.Offset + uint64(s.choice.Offset))
-	}
-	offset := uint64(s.choice.Offset)
-	if s.fn.ret {
-		// The return probe hooks the entry; the entry probe goes there too,
-		// where the arguments are as the caller passed them.
-		offset = 0
-		cookie = uint64(op) | uint64(s.userIdx&0xffffffff)<<32
-	}
-	var links []link.Link
-	var sites []events.ProbeSite
-	l, err := ex.Uprobe(s.fn.name, prog, &link.UprobeOptions{
-		Address: s.sym.Offset, Offset: offset, PID: pid, Cookie: cookie})
-	if err != nil {
-		return nil, nil, fmt.Errorf("attaching uprobe to %s in %s: %w", s.fn.name, s.object, err)
-	}
-	links = append(links, l)
-	note := s.choice.Note
-	if s.fn.ret {
-		note = "entry: a return probe is placed here anyway"
-	}
-	sites = append(sites, events.ProbeSite{Name: s.fn.name, Object: s.object, Offset: offset,
-		Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
-	if s.fn.ret && retProg != nil {
-		retOp := op
-		if op == events.OpProbeEnter {
-			retOp = events.OpProbeExit
-		}
-		rcookie := uint64(retOp) | uint64(s.userIdx&0xffffffff)<<32
-		l, err := ex.Uretprobe(s.fn.name, retProg, &link.UprobeOptions{
-			Address: s.sym.Offset, PID: pid, Cookie: rcookie})
-		if err != nil {
-			for _, l := range links {
-				l.Close()
-			}
-			return nil, nil, fmt.Errorf("attaching uretprobe to %s in %s: %w", s.fn.name, s.object, err)
-		}
-		links = append(links, l)
-		sites = append(sites, events.ProbeSite{Name: s.fn.name, Object: s.object,
-			Address: s.sym.Value, Kind: "uretprobe"})
-	}
-	return links, sites, nil
-}
-
 // searchOrder lists the objects whose symbols pid will use, in the
 // loader's search order: the executable, preloads, then its libraries
 // breadth first, as `ld.so --list` prints them; then anything else mapped
@@ -242,9 +177,19 @@ func searchOrder(pid int, exe string) ([]string, error) {
 	} else {
 		env = os.Environ()
 	}
+	// Paths as /proc/PID/maps shows them (symlinks resolved: /lib is
+	// often a link to /usr/lib), so sites and mappings compare equal.
+	canonical := func(p string) string {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return r
+		}
+		return p
+	}
+	exe = canonical(exe)
 	objs := []string{exe}
 	have := map[string]bool{exe: true}
 	add := func(p string) {
+		p = canonical(p)
 		if p != "" && !have[p] {
 			have[p] = true
 			objs = append(objs, p)

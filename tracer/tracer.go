@@ -188,17 +188,11 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if alloc != nil {
 		t.allocator = alloc.name
 	}
-	for _, s := range plan {
-		l, site, err := s.attach(pid, prog, retProg, alloc)
-		if err != nil {
-			t.opts.Warn(err.Error())
-			continue
-		}
-		t.mu.Lock()
-		t.links = append(t.links, l...)
-		t.mu.Unlock()
-		t.sites = append(t.sites, site...)
-	}
+	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.opts.Warn)
+	t.mu.Lock()
+	t.links = append(t.links, links...)
+	t.mu.Unlock()
+	t.sites = append(t.sites, sites...)
 	return nil
 }
 
@@ -226,6 +220,9 @@ func checkProcess(pid int) error {
 	}
 	return nil
 }
+
+// pollInterval bounds how long a record can wait in the ring unread.
+const pollInterval = 50 * time.Millisecond
 
 // Run reads the ring buffer and hands each record to emit until stop is
 // closed; then it closes the probes, drains what is left and returns.
@@ -259,15 +256,24 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 	var rec ringbuf.Record
 	lostTick := time.Now()
 	for {
+		// The kernel wakes the reader only once a batch is waiting
+		// (WAKE_BYTES in hooktrace.c): poll for the rest.
+		t.rd.SetDeadline(time.Now().Add(pollInterval))
 		err := t.rd.ReadInto(&rec)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = nil
+			rec.RawSample = rec.RawSample[:0]
+		}
 		if err != nil {
 			if errors.Is(err, ringbuf.ErrFlushed) || errors.Is(err, ringbuf.ErrClosed) {
 				return t.reportLost()
 			}
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
-		if err := t.conv.raw(rec.RawSample); err != nil {
-			return err
+		if len(rec.RawSample) > 0 {
+			if err := t.conv.raw(rec.RawSample); err != nil {
+				return err
+			}
 		}
 		if time.Since(lostTick) > time.Second {
 			lostTick = time.Now()
@@ -339,12 +345,21 @@ func (t *Tracer) FloorHits() uint64 {
 // Events is the number of event records handed out so far.
 func (t *Tracer) Events() uint64 { return t.conv.events }
 
+// closeLinks detaches every probe. Removing a uprobe waits for a grace
+// period (tens of milliseconds, more on a busy machine); one at a time,
+// forty of them took seconds, so they go together.
 func (t *Tracer) closeLinks() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, l := range t.links {
-		l.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.Close()
+		}()
 	}
+	wg.Wait()
 	t.links = nil
 }
 
@@ -354,5 +369,14 @@ func (t *Tracer) Close() error {
 	if t.rd != nil {
 		t.rd.Close()
 	}
+	if t.conv != nil {
+		t.conv.close()
+	}
 	return t.objs.Close()
+}
+
+// Exiting is called while pid is held at its exit, memory intact: the last
+// chance to read its mappings.
+func (t *Tracer) Exiting(pid int) {
+	t.conv.exiting(uint32(pid))
 }

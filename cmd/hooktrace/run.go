@@ -1,10 +1,7 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"syscall"
 
@@ -58,16 +55,20 @@ func runTraced(f *traceFlags, argv []string) error {
 		s.tr.Close()
 		return err
 	}
-	if err := g.Open(); err != nil {
-		close(stop)
-		<-done
-		return fmt.Errorf("starting the target: %w", err)
+	var ws syscall.WaitStatus
+	wait := func() (err error) {
+		ws, err = g.RunToExit(func() { s.tr.Exiting(pid) })
+		return err
 	}
-	waitErr := g.Cmd.Wait()
+	reason, waitErr := s.waitTarget(pid, wait)
 	close(stop)
 	runErr := <-done
-	exit, sig := exitStatus(g.Cmd.ProcessState, waitErr)
-	foot, err := s.finish("target exited", exit, sig)
+	if waitErr != nil {
+		s.finish(waitErr.Error(), nil, "")
+		return waitErr
+	}
+	exit, sig := exitStatus(ws)
+	foot, err := s.finish(reason, exit, sig)
 	if runErr != nil {
 		return runErr
 	}
@@ -78,19 +79,10 @@ func runTraced(f *traceFlags, argv []string) error {
 }
 
 // exitStatus reads the target's exit code or killing signal.
-func exitStatus(ps *os.ProcessState, err error) (*int, string) {
-	if ps == nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			ps = ee.ProcessState
-		}
-	}
-	if ps == nil {
-		return nil, ""
-	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+func exitStatus(ws syscall.WaitStatus) (*int, string) {
+	if ws.Signaled() {
 		return nil, ws.Signal().String()
 	}
-	code := ps.ExitCode()
+	code := ws.ExitStatus()
 	return &code, ""
 }

@@ -1,0 +1,108 @@
+package tracer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/tracer/placement"
+)
+
+// probeBatch is one uprobe_multi link: every entry (or every return) probe
+// of one program in one object. Removing a uprobe waits for a grace period
+// (about 90 ms here, serialized in the kernel); one link per object instead
+// of one per function makes detaching take one such wait, not forty.
+type probeBatch struct {
+	object  string
+	ret     bool
+	addrs   []uint64 // file offsets
+	cookies []uint64
+	sites   []events.ProbeSite
+}
+
+// attachPlan places the plan's probes for pid and returns the links and
+// the sites placed. A site whose code in memory is not the code in the
+// file is refused with a warning: a uprobe on a function a runtime patcher
+// has overwritten kills the process on its next call.
+func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocRange, warn func(string)) ([]link.Link, []events.ProbeSite) {
+	batches := map[[2]string]*probeBatch{}
+	var order [][2]string
+	add := func(object string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
+		key := [2]string{object, fmt.Sprint(ret)}
+		b, ok := batches[key]
+		if !ok {
+			b = &probeBatch{object: object, ret: ret}
+			batches[key] = b
+			order = append(order, key)
+		}
+		b.addrs = append(b.addrs, addr)
+		b.cookies = append(b.cookies, cookie)
+		b.sites = append(b.sites, ps)
+	}
+	for i := range plan {
+		s := &plan[i]
+		if s.code == nil {
+			continue
+		}
+		if s.live != 0 {
+			err := placement.CheckLive(pid, s.live, s.code[:min(len(s.code), 16)])
+			// Our own breakpoints (a followed child inherits them) are safe.
+			if err != nil && !errors.Is(err, placement.ErrBreakpoint) {
+				warn(fmt.Sprintf("not probing %s in %s: %v", s.fn.name, s.object, err))
+				continue
+			}
+		}
+		op := s.fn.op
+		offset := uint64(s.choice.Offset)
+		cookie := uint64(op) | uint64(s.choice.StackAdjust)<<16
+		note := s.choice.Note
+		if s.userIdx >= 0 {
+			cookie |= uint64(s.userIdx) << 32
+		} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
+			cookie |= alloc.cookieRange(s.sym.Offset + offset)
+		}
+		if s.fn.ret {
+			// The return probe hooks the entry; the entry probe goes there
+			// too, where the arguments are as the caller passed them.
+			offset, note = 0, "entry: a return probe is placed here anyway"
+			cookie = uint64(op) | uint64(s.userIdx&0xffffffff)<<32
+		}
+		add(s.object, false, s.sym.Offset+offset, cookie, events.ProbeSite{Name: s.fn.name, Object: s.object,
+			Offset: offset, Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
+		if s.fn.ret && retProg != nil {
+			retOp := op
+			if op == events.OpProbeEnter {
+				retOp = events.OpProbeExit
+			}
+			add(s.object, true, s.sym.Offset, uint64(retOp)|uint64(s.userIdx&0xffffffff)<<32,
+				events.ProbeSite{Name: s.fn.name, Object: s.object, Address: s.sym.Value, Kind: "uretprobe"})
+		}
+	}
+	var links []link.Link
+	var placed []events.ProbeSite
+	for _, key := range order {
+		b := batches[key]
+		ex, err := link.OpenExecutable(b.object)
+		if err != nil {
+			warn(fmt.Sprintf("opening %s: %v", b.object, err))
+			continue
+		}
+		opts := &link.UprobeMultiOptions{Addresses: b.addrs, Cookies: b.cookies, PID: uint32(pid)}
+		var l link.Link
+		if b.ret {
+			l, err = ex.UretprobeMulti(nil, retProg, opts)
+		} else {
+			l, err = ex.UprobeMulti(nil, prog, opts)
+		}
+		if err != nil {
+			warn(fmt.Sprintf("attaching %d probes in %s: %v", len(b.addrs), b.object, err))
+			continue
+		}
+		links = append(links, l)
+		placed = append(placed, b.sites...)
+	}
+	return links, placed
+}
