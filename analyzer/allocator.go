@@ -8,6 +8,7 @@ import (
 // thread is inside of, while hooks run in it.
 type hookContext struct {
 	active     bool
+	call       uint64    // the allocator call number (Event.InAllocCall) it belongs to
 	via        string    // the memory syscall the allocator made
 	hold       arenaHold // decided from another event's stack; holdNone if not
 	holdReason string    // why, and from which event
@@ -33,7 +34,7 @@ func (h *hookContext) reset() {
 // enclosingAllocOp is the allocator call an in-allocator event runs in.
 func (t *thread) enclosingAllocOp(e *events.Event) events.Op {
 	if e.Flags&events.FlagInAlloc != 0 {
-		if op := events.Op(e.Addr2); op.IsAllocator() {
+		if op, _ := e.InAllocCall(); op.IsAllocator() {
 			return op
 		}
 	}
@@ -224,6 +225,11 @@ var (
 		"mremap_chunk":   "an mmapped chunk is remapped without the arena lock",
 		"_int_new_arena": "a new arena's heap is made before its lock is taken",
 		"arena_get2":     "a new arena's heap is made before its lock is taken",
+		// free's only memory call of its own: every arena path goes through
+		// _int_free, so a hook whose nearest allocator frame is free itself
+		// runs in munmap_chunk, which glibc 2.36 inlines into free.
+		"free":        "free unmaps an mmapped chunk itself (munmap_chunk, inlined) without the arena lock",
+		"__libc_free": "free unmaps an mmapped chunk itself (munmap_chunk, inlined) without the arena lock",
 	}
 )
 

@@ -175,6 +175,15 @@ func (a *Analyzer) event(e *events.Event) {
 		// decide: a tracer may not mark them.)
 		t.hook.reset()
 	}
+	if e.Flags&events.FlagInAlloc != 0 {
+		// Another allocator call, even with no event outside between.
+		if _, call := e.InAllocCall(); call != t.hook.call {
+			if t.hook.active {
+				t.hook.reset()
+			}
+			t.hook.call = call
+		}
+	}
 
 	switch {
 	case op.IsAllocator():
@@ -230,7 +239,11 @@ func (a *Analyzer) Result() *Result {
 	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges)...)
 	res.Findings = append(res.Findings, a.reentryFindings()...)
 	res.Findings = append(res.Findings, a.nestingFindings()...)
+	for _, st := range a.streams {
+		res.Findings = append(res.Findings, st.hangFindings()...)
+	}
 	res.Stats = a.stats(names)
+	res.Graph = a.graph(names, cycles.edgeFindings)
 	res.Sort()
 	return res
 }

@@ -427,6 +427,8 @@ func TestDecideArena(t *testing.T) {
 		{stack(false, "hook", "shrink_heap.isra.0", "_int_free"), holdHeld},
 		{stack(false, "hook", "mtrim", "__malloc_trim"), holdHeld},
 		{stack(false, "hook", "munmap_chunk", "free"), holdNotHeld},
+		// munmap_chunk inlined into free: free is the nearest allocator frame.
+		{stack(false, "pthread_mutex_lock", "hook", "free", "worker"), holdNotHeld},
 		{stack(false, "hook", "alloc_new_heap", "new_heap", "_int_new_arena", "arena_get2", "malloc"), holdNotHeld},
 		{stack(false, "hook", "alloc_new_heap", "new_heap", "sysmalloc", "_int_malloc", "malloc"), holdHeld},
 		{stack(true, "hook"), holdMaybe},
