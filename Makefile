@@ -30,8 +30,17 @@ lint:
 test: lint
 	$(GO) test -count=1 ./...
 
+# Overhead of tracing a malloc + mutex workload: untraced, hooktrace, and the
+# counting-only floors, round-robin; prints a Markdown table. Needs root.
+# BENCH_ROUNDS, BENCH_ITERS (per thread), BENCH_THREADS, BENCH_CONFIGS tune it.
+BENCH_ROUNDS ?= 3
+BENCH_ITERS ?= 100000
+BENCH_THREADS ?= 4
+BENCH_CONFIGS ?=
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./bench/
+	HOOKTRACE_BENCH_ROUNDS=$(BENCH_ROUNDS) HOOKTRACE_BENCH_ITERS=$(BENCH_ITERS) \
+	HOOKTRACE_BENCH_THREADS=$(BENCH_THREADS) HOOKTRACE_BENCH_CONFIGS=$(BENCH_CONFIGS) \
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 0 ./bench/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 60s ./events
