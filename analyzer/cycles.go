@@ -12,6 +12,8 @@ type cycleResult struct {
 	// Allocator → lock dependencies on a reported cycle: the hook-lock
 	// finding for them would say less than the cycle does.
 	arenaEdges map[*edge]bool
+	// The IDs of the cycle findings each dependency is on.
+	edgeFindings map[*edge][]string
 }
 
 type cycleGroup struct {
@@ -20,6 +22,7 @@ type cycleGroup struct {
 	sev       Severity
 	count     uint64
 	sets      [][]string
+	cycles    [][]cycleStep
 }
 
 // cycleFindings turns instance cycles into findings, one per class cycle.
@@ -47,6 +50,7 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 			g.rep, g.sev = cyc, sev
 		}
 		g.count++
+		g.cycles = append(g.cycles, cyc)
 		if len(g.sets) < maxInstanceSets {
 			set := make([]string, len(cyc))
 			for i, st := range cyc {
@@ -55,8 +59,18 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 			g.sets = append(g.sets, set)
 		}
 	}
+	res.edgeFindings = map[*edge][]string{}
 	for _, g := range order {
-		res.findings = append(res.findings, a.cycleFinding(n, g))
+		f := a.cycleFinding(n, g)
+		res.findings = append(res.findings, f)
+		for _, cyc := range g.cycles {
+			for _, st := range cyc {
+				ids := res.edgeFindings[st.edge]
+				if len(ids) == 0 || ids[len(ids)-1] != f.ID {
+					res.edgeFindings[st.edge] = append(ids, f.ID)
+				}
+			}
+		}
 	}
 	return res
 }

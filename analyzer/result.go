@@ -60,6 +60,9 @@ type Result struct {
 	Version  int       `json:"version"`
 	Stats    Stats     `json:"stats"`
 	Findings []Finding `json:"findings"`
+	// Graph is the lock graph the findings come from (for the graph
+	// reports). It is not part of the JSON report.
+	Graph *Graph `json:"-"`
 }
 
 // Finding is one problem, deduplicated by lock classes and code sites.

@@ -25,8 +25,16 @@ const textWidth = 100
 // traced, a table of findings by kind and severity, then each finding with
 // its cycle, locks, threads, per-edge stacks and a possible scenario.
 func Text(w io.Writer, res *analyzer.Result) error {
+	return TextGate(w, plain(res))
+}
+
+// TextGate is Text with the gate's verdicts: each finding's baseline state
+// and suppression, the fixed findings, unused suppressions, and which
+// findings fail.
+func TextGate(w io.Writer, g *Gate) error {
+	res := g.Result
 	bw := bufio.NewWriter(w)
-	p := &printer{w: bw}
+	p := &printer{w: bw, gate: g}
 	st := &res.Stats
 
 	if !st.Complete {
@@ -49,6 +57,7 @@ func Text(w io.Writer, res *analyzer.Result) error {
 			p.line("  trace %s: pid %d, %d events, %s", orDash(t.Source), t.PID, t.Events, state)
 		}
 	}
+	p.gateSummary()
 	p.blank()
 
 	if len(res.Findings) > 0 {
@@ -57,7 +66,7 @@ func Text(w io.Writer, res *analyzer.Result) error {
 		}
 		for i := range res.Findings {
 			p.blank()
-			if err := p.finding(i+1, &res.Findings[i]); err != nil {
+			if err := p.finding(i+1, &res.Findings[i], p.verdict(i)); err != nil {
 				return err
 			}
 		}
@@ -73,8 +82,36 @@ func Text(w io.Writer, res *analyzer.Result) error {
 }
 
 type printer struct {
-	w   *bufio.Writer
-	err error
+	w    *bufio.Writer
+	err  error
+	gate *Gate // nil: no verdicts to print
+}
+
+// gateSummary prints the baseline comparison and suppressions, when the
+// gate has them.
+func (p *printer) gateSummary() {
+	g := p.gate
+	if g == nil || (!g.HasBaseline && !g.HasSuppress) {
+		return
+	}
+	c := g.Counts()
+	if g.HasBaseline {
+		p.line("baseline %s: %d new, %d still present, %d fixed", orDash(g.BaselineName), c.New+c.Updated, c.Unchanged, c.Fixed)
+		for _, f := range g.Fixed {
+			p.line("  fixed: %s  %s", f.ID, f.Title)
+		}
+	}
+	if g.HasSuppress {
+		p.line("suppressed: %d", c.Suppressed)
+		for _, u := range g.Unused {
+			p.line("warning: unused suppression at %s (%s): it matched no finding", u.Source, u.String())
+		}
+	}
+	threshold := "none"
+	if g.FailOn != "" {
+		threshold = string(g.FailOn)
+	}
+	p.line("failing (--fail-on %s): %d", threshold, c.Failing)
 }
 
 func (p *printer) line(format string, args ...any) {
@@ -158,9 +195,33 @@ func (p *printer) table(indent string, header []string, rows [][]string) error {
 	return p.err
 }
 
-func (p *printer) finding(n int, f *analyzer.Finding) error {
+// verdict is the gate's word on finding i: "", or "NEW, FAILS",
+// "unchanged", "suppressed: why" and so on.
+func (p *printer) verdict(i int) string {
+	g := p.gate
+	if g == nil || (!g.HasBaseline && !g.HasSuppress) || i >= len(g.Findings) {
+		return ""
+	}
+	j := &g.Findings[i]
+	var parts []string
+	if j.State != "" {
+		parts = append(parts, strings.ToUpper(j.State))
+	}
+	if j.Suppressed != nil {
+		parts = append(parts, "suppressed ("+j.Suppressed.Source+"): "+j.Suppressed.Reason)
+	}
+	if j.Fails {
+		parts = append(parts, "FAILS")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (p *printer) finding(n int, f *analyzer.Finding, verdict string) error {
 	const in = "    "
 	p.line("[%d] %s %s  %s", n, strings.ToUpper(string(f.Severity)), f.Kind, f.ID)
+	if verdict != "" {
+		p.wrapped(in, "gate:    ", verdict)
+	}
 	p.wrapped(in, "", f.Title)
 	if (f.Kind == analyzer.KindLockOrderCycle || f.Kind == analyzer.KindDeadlock) && len(f.Locks) > 0 {
 		p.wrapped(in, "cycle:   ", strings.Join(append(append([]string(nil), f.Locks...), f.Locks[0]), " → "))
@@ -414,4 +475,15 @@ func wrap(text string, width int) []string {
 		cur += " " + w
 	}
 	return append(lines, cur)
+}
+
+// FindingText writes one finding as the text report shows it (the JUnit
+// failure body).
+func FindingText(w io.Writer, f *analyzer.Finding) error {
+	bw := bufio.NewWriter(w)
+	p := &printer{w: bw}
+	if err := p.finding(1, f, ""); err != nil {
+		return err
+	}
+	return bw.Flush()
 }

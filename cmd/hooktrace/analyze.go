@@ -15,15 +15,20 @@ import (
 func newAnalyzeCmd() *cobra.Command {
 	var format, failOn string
 	var forbid []string
+	var rep reportFlags
 	c := &cobra.Command{
 		Use:   "analyze [flags] TRACE.htr...",
 		Short: "Analyze saved traces (several are merged into one lock graph)",
 		Example: `  hooktrace analyze app.htr
-  hooktrace analyze --format json trace-*.htr`,
+  hooktrace analyze --format json trace-*.htr
+  hooktrace analyze --baseline main.json --report out.sarif --report summary.md app.htr`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			rules, err := parseRules(forbid)
 			if err != nil {
+				return err
+			}
+			if err := rep.check(format, failOn); err != nil {
 				return err
 			}
 			a := analyzer.New(analyzer.Options{Forbid: rules})
@@ -32,12 +37,13 @@ func newAnalyzeCmd() *cobra.Command {
 					return err
 				}
 			}
-			return writeReport(c.OutOrStdout(), a.Result(), format, failOn)
+			return writeReport(c.OutOrStdout(), a.Result(), format, failOn, &rep, nil)
 		},
 	}
-	c.Flags().StringVarP(&format, "format", "f", "text", "report format: text or json")
+	c.Flags().StringVarP(&format, "format", "f", "text", formatHelp)
 	c.Flags().StringVar(&failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
 	c.Flags().StringArrayVar(&forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack")
+	rep.register(c.Flags())
 	return c
 }
 

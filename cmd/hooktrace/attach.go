@@ -83,8 +83,17 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	if duration > 0 {
 		timeout = time.After(duration)
 	}
+	hang := s.watchHang(pid, "detach")
 	var reason string
 	select {
+	case h := <-hang.found():
+		reason = s.onHang(hang, h)
+		if hang.action == "kill" {
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+			}
+		}
 	case sig := <-sigs:
 		reason = "stopped by " + sig.String()
 	case <-timeout:
@@ -92,6 +101,7 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	case <-exited:
 		reason = "target exited"
 	}
+	hang.stop()
 	close(stop)
 	runErr := <-done
 	foot, err := s.finish(reason, nil, "")

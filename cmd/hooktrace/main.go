@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 
 	"github.com/spf13/cobra"
 
@@ -50,7 +51,14 @@ func (e *exitError) Unwrap() error { return e.err }
 func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	root := newRootCmd()
+	// HOOKTRACE_CPUPROFILE=FILE profiles hooktrace itself, for its developers.
+	if path := os.Getenv("HOOKTRACE_CPUPROFILE"); path != "" {
+		if f, err := os.Create(path); err == nil {
+			pprof.StartCPUProfile(f)
+		}
+	}
 	err := root.Execute()
+	pprof.StopCPUProfile()
 	os.Exit(exitCode(err))
 }
 
@@ -98,6 +106,8 @@ not hang.`,
 		return usageError{err}
 	})
 	root.AddCommand(newRunCmd(), newAttachCmd(), newAnalyzeCmd())
+	root.AddCommand(newExportCmd())
+	root.AddCommand(newDemoCmd())
 	return root
 }
 

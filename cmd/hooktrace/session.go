@@ -27,19 +27,23 @@ type traceFlags struct {
 	noSamples   bool
 	format      string
 	failOn      string
+	rep         reportFlags
+	hang        hangFlags
 }
 
 func (f *traceFlags) register(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file (.htr)")
+	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file (.htr); %p, %h, %r, %t expand to the PID, host, MPI rank, start time")
 	fl.StringVar(&f.mode, "mode", tracer.ModeAggregate, "aggregate: send what the analysis needs and count the rest in the kernel; full: every call")
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
 	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
 	fl.IntVar(&f.ringMiB, "ring-mib", 16, "ring buffer size in MiB (a power of two)")
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
-	fl.StringVarP(&f.format, "format", "f", "text", "report format: text or json")
+	fl.StringVarP(&f.format, "format", "f", "text", formatHelp)
 	fl.StringVar(&f.failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
+	f.rep.register(fl)
+	f.hang.register(fl)
 }
 
 // userProbes is --probe plus both sides of every --forbid rule.
@@ -72,11 +76,18 @@ type session struct {
 	header events.Header
 	sink   *recordSink
 	status *statusLine
+	hang   *events.Hang // the deadlock hang detection found, if any
 }
 
 func newSession(f *traceFlags) (*session, error) {
 	probes, err := f.userProbes()
 	if err != nil {
+		return nil, err
+	}
+	if err := f.hang.check(); err != nil {
+		return nil, err
+	}
+	if err := f.rep.check(f.format, f.failOn); err != nil {
 		return nil, err
 	}
 	if f.ringMiB <= 0 || f.ringMiB&(f.ringMiB-1) != 0 {
@@ -114,7 +125,11 @@ func newSession(f *traceFlags) (*session, error) {
 // returned channel yields Run's error.
 func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
 	s.header.Probes = s.tr.Sites()
-	sink, err := newRecordSink(s.flags.output, &s.header)
+	output, err := expandOutputPath(s.flags.output, &s.header)
+	if err != nil {
+		return nil, err
+	}
+	sink, err := newRecordSink(output, &s.header)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +151,7 @@ func (s *session) finish(reason string, exit *int, signal string) (*events.Foote
 		ExitStatus: exit,
 		ExitSignal: signal,
 		Reason:     reason,
+		Hang:       s.hang,
 	}
 	err := s.sink.close(foot)
 	s.tr.Close()
