@@ -1,0 +1,436 @@
+package tracer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
+)
+
+// HangOptions configure a HangWatcher.
+type HangOptions struct {
+	// Timeout is how long the threads of a wait-for cycle must have been
+	// blocked, without running at all, before it is reported.
+	Timeout time.Duration
+	// Interval is how often the threads are sampled; by default a fifth of
+	// Timeout, between 50ms and 1s.
+	Interval time.Duration
+	// ArenaHeld decides from a stack whether glibc holds its arena lock
+	// there (analyzer.ArenaHeld). glibc's arena lock records no owner:
+	// without this, a thread waiting for it has no known owner.
+	ArenaHeld func(*events.Stack) (held, decided bool)
+	// Action is recorded in the Hang ("kill" or "detach").
+	Action string
+	Warn   func(string)
+}
+
+// HangWatcher samples the threads of a live process and reports a
+// deadlock: threads blocked in lock waits, each waiting for a lock the
+// next one owns, all of them blocked for Timeout without running.
+//
+// Everything comes from /proc: a thread's state and the futex it waits on
+// (/proc/PID/task/TID/syscall, whose last two fields are the user stack
+// pointer and instruction pointer), its run time (schedstat: a thread that
+// ran since the last sample is not stuck), the mutex's __owner and the
+// stack (/proc/PID/mem), unwound with the objects' CFI.
+type HangWatcher struct {
+	pid   int
+	opts  HangOptions
+	found chan *events.Hang
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+}
+
+// WatchHang starts watching pid. Found delivers at most one Hang.
+func WatchHang(pid int, opts HangOptions) *HangWatcher {
+	if opts.Interval <= 0 {
+		opts.Interval = min(max(opts.Timeout/5, 50*time.Millisecond), time.Second)
+	}
+	if opts.Warn == nil {
+		opts.Warn = func(string) {}
+	}
+	w := &HangWatcher{pid: pid, opts: opts, found: make(chan *events.Hang, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+// Found delivers the deadlock once one is confirmed.
+func (w *HangWatcher) Found() <-chan *events.Hang { return w.found }
+
+// Stop ends the watch and waits for the sampler to finish.
+func (w *HangWatcher) Stop() {
+	w.once.Do(func() { close(w.stop) })
+	<-w.done
+}
+
+// futex(2) commands a lock waiter blocks in (the private flag and clock
+// bit masked off).
+const (
+	futexWait        = 0
+	futexLockPI      = 6
+	futexWaitBitset  = 9
+	futexLockPI2     = 13
+	futexCmdMask     = 0x7f
+	sysFutex         = 202
+	futexTIDMask     = 0x3fffffff
+	glibcHeapMaxSize = 64 << 20 // HEAP_MAX_SIZE on 64-bit: non-main heaps are aligned to it
+)
+
+// waitSample is one thread seen blocked in a futex wait.
+type waitSample struct {
+	tid     int
+	uaddr   uint64
+	cmd     uint64
+	runtime string // schedstat's run time: unchanged while the thread does not run
+	sp, pc  uint64
+	since   time.Time
+}
+
+func (w *HangWatcher) run() {
+	defer close(w.done)
+	tick := time.NewTicker(w.opts.Interval)
+	defer tick.Stop()
+	seen := map[int]*waitSample{}
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		tids, err := taskIDs(w.pid)
+		if err != nil {
+			return // the process is gone
+		}
+		var long []*waitSample
+		live := map[int]bool{}
+		for _, tid := range tids {
+			s, ok := sampleWait(w.pid, tid)
+			if !ok {
+				continue
+			}
+			live[tid] = true
+			prev := seen[tid]
+			if prev == nil || prev.uaddr != s.uaddr || prev.runtime != s.runtime {
+				s.since = now
+				seen[tid] = s
+				continue
+			}
+			prev.sp, prev.pc = s.sp, s.pc
+			if now.Sub(prev.since) >= w.opts.Timeout {
+				long = append(long, prev)
+			}
+		}
+		for tid := range seen {
+			if !live[tid] {
+				delete(seen, tid)
+			}
+		}
+		if len(long) == 0 {
+			continue
+		}
+		if h := w.diagnose(long, now); h != nil {
+			w.found <- h
+			return
+		}
+	}
+}
+
+// taskIDs lists the threads of pid.
+func taskIDs(pid int) ([]int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range ents {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, tid)
+		}
+	}
+	return out, nil
+}
+
+// sampleWait reads whether tid is blocked in a futex wait, and where.
+func sampleWait(pid, tid int) (*waitSample, bool) {
+	dir := fmt.Sprintf("/proc/%d/task/%d/", pid, tid)
+	stat, err := os.ReadFile(dir + "stat")
+	if err != nil {
+		return nil, false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 || i+2 >= len(stat) || (stat[i+2] != 'S' && stat[i+2] != 'D') {
+		return nil, false
+	}
+	sc, err := os.ReadFile(dir + "syscall")
+	if err != nil {
+		return nil, false
+	}
+	f := strings.Fields(string(sc))
+	// "NR arg1 ... arg6 sp pc" while in a system call.
+	if len(f) != 9 {
+		return nil, false
+	}
+	nr, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil || nr != sysFutex {
+		return nil, false
+	}
+	var v [9]uint64
+	for k := 1; k < 9; k++ {
+		v[k], err = strconv.ParseUint(strings.TrimPrefix(f[k], "0x"), 16, 64)
+		if err != nil {
+			return nil, false
+		}
+	}
+	cmd := v[2] & futexCmdMask
+	if cmd != futexWait && cmd != futexWaitBitset && cmd != futexLockPI && cmd != futexLockPI2 {
+		return nil, false
+	}
+	run, _ := os.ReadFile(dir + "schedstat")
+	rt, _, _ := strings.Cut(string(run), " ")
+	return &waitSample{tid: tid, uaddr: v[1], cmd: cmd, runtime: rt, sp: v[7], pc: v[8]}, true
+}
+
+// blockedThread is a long-blocked thread read in full.
+type blockedThread struct {
+	waitSample
+	name      string
+	stack     *events.Stack
+	data      []byte // stack memory from sp up
+	kind      string
+	lockName  string
+	owner     uint32
+	ownerFrom string
+	holdsArna bool // its stack is in glibc code that holds an arena lock
+}
+
+// diagnose reads the long-blocked threads in full and returns a Hang when
+// their wait-for graph has a cycle.
+func (w *HangWatcher) diagnose(long []*waitSample, now time.Time) *events.Hang {
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", w.pid))
+	if err != nil {
+		w.opts.Warn(fmt.Sprintf("hang detection: reading pid %d's memory: %v", w.pid, err))
+		return nil
+	}
+	defer mem.Close()
+	sym := symbolize.New(w.pid)
+	maps := sym.Maps()
+	unw := newUnwinder()
+	readMem := func(addr uint64, n int) []byte {
+		b := make([]byte, n)
+		k, _ := mem.ReadAt(b, int64(addr))
+		return b[:k]
+	}
+	mainArena := func(addr uint64) bool {
+		name, ok := sym.Data(addr)
+		return ok && strings.HasPrefix(name, "main_arena")
+	}
+
+	threads := make([]*blockedThread, 0, len(long))
+	byTID := map[uint32]*blockedThread{}
+	for _, s := range long {
+		t := &blockedThread{waitSample: *s, name: threadName(uint32(w.pid), uint32(s.tid))}
+		size := 64 << 10
+		if m, ok := maps.Find(s.sp); ok {
+			size = int(min(uint64(size), m.End-s.sp))
+		}
+		t.data = readMem(s.sp, size)
+		pcs, complete := unwindBlocked(unw, maps, s.pc, s.sp, t.data)
+		t.stack = &events.Stack{Frames: sym.Frames(pcs), Truncated: !complete}
+		if w.opts.ArenaHeld != nil {
+			held, _ := w.opts.ArenaHeld(t.stack)
+			t.holdsArna = held
+		}
+		classifyWait(t, readMem, mainArena, sym)
+		threads = append(threads, t)
+		byTID[uint32(t.tid)] = t
+	}
+	inferArenaOwners(threads)
+
+	// A cycle: following owners from some thread comes back to it.
+	onCycle := false
+	for _, t := range threads {
+		cur, steps := t, 0
+		for cur != nil && cur.owner != 0 && steps <= len(threads) {
+			cur = byTID[cur.owner]
+			steps++
+			if cur == t {
+				onCycle = true
+				break
+			}
+		}
+	}
+	if !onCycle {
+		return nil
+	}
+	h := &events.Hang{
+		Time:    monotonicNow(),
+		PID:     uint32(w.pid),
+		Timeout: uint64(w.opts.Timeout),
+		Action:  w.opts.Action,
+	}
+	sort.Slice(threads, func(i, j int) bool { return threads[i].tid < threads[j].tid })
+	for _, t := range threads {
+		h.Threads = append(h.Threads, events.HangThread{
+			TID:       uint32(t.tid),
+			Name:      t.name,
+			Lock:      t.uaddr,
+			LockName:  t.lockName,
+			LockKind:  t.kind,
+			Owner:     t.owner,
+			OwnerFrom: t.ownerFrom,
+			BlockedNS: uint64(now.Sub(t.since)),
+			Stack:     t.stack.Frames,
+			Truncated: t.stack.Truncated,
+		})
+	}
+	return h
+}
+
+// lockCallFrame reports whether the stack is inside a pthread mutex lock
+// call.
+func inMutexLock(st *events.Stack) bool {
+	for _, f := range st.Frames {
+		fn := strings.TrimLeft(f.Function, "_")
+		if strings.HasPrefix(fn, "pthread_mutex_lock") || strings.HasPrefix(fn, "pthread_mutex_timedlock") ||
+			strings.HasPrefix(fn, "pthread_mutex_clocklock") || strings.HasPrefix(fn, "GI___pthread_mutex_lock") {
+			return true
+		}
+	}
+	return false
+}
+
+// classifyWait decides what t waits for: a pthread mutex (its owner from
+// __owner, or from the futex word for priority-inheritance mutexes), or
+// glibc's arena lock (main_arena's, or a non-main arena at the start of a
+// heap: the heap's first word points to it).
+func classifyWait(t *blockedThread, readMem func(uint64, int) []byte, mainArena func(uint64) bool, sym *symbolize.Symbolizer) {
+	t.kind = "futex"
+	switch {
+	case t.cmd == futexLockPI || t.cmd == futexLockPI2:
+		if b := readMem(t.uaddr, 4); len(b) == 4 {
+			t.kind = "mutex"
+			t.owner = binary.LittleEndian.Uint32(b) & futexTIDMask
+			t.ownerFrom = "the PI mutex's futex word"
+		}
+	case inMutexLock(t.stack):
+		// pthread_mutex_t on x86-64 glibc: __lock at 0, __owner at 8.
+		if b := readMem(t.uaddr, 12); len(b) == 12 {
+			t.kind = "mutex"
+			t.owner = binary.LittleEndian.Uint32(b[8:])
+			t.ownerFrom = "the mutex's __owner"
+		}
+	case mainArena(t.uaddr):
+		t.kind = "arena"
+	default:
+		heap := t.uaddr &^ (glibcHeapMaxSize - 1)
+		if b := readMem(heap, 8); len(b) == 8 && binary.LittleEndian.Uint64(b) == t.uaddr && t.uaddr-heap < 4096 {
+			t.kind = "arena"
+		}
+	}
+	switch t.kind {
+	case "mutex":
+		t.lockName, _ = sym.Data(t.uaddr)
+	case "arena":
+		t.lockName = "glibc malloc arena"
+	}
+}
+
+// inferArenaOwners finds who holds each waited-for arena lock, which glibc
+// does not record: a blocked thread whose stack is inside glibc code that
+// holds an arena lock (free → _int_free → ... → a hook, say) and that
+// keeps that arena's address in its live stack (the arena pointer _int_free
+// needs to unlock it later). When no stack holds the address but exactly
+// one thread holds an arena lock and one arena is waited for, that thread
+// is the owner.
+func inferArenaOwners(threads []*blockedThread) {
+	var holders []*blockedThread
+	waited := map[uint64]bool{}
+	for _, t := range threads {
+		if t.kind == "arena" {
+			waited[t.uaddr] = true
+			continue // a thread waiting for an arena lock holds none
+		}
+		if t.holdsArna {
+			holders = append(holders, t)
+		}
+	}
+	if len(waited) == 0 || len(holders) == 0 {
+		return
+	}
+	owner := map[uint64]*blockedThread{}
+	how := map[uint64]string{}
+	for _, h := range holders {
+		for arena := range waited {
+			if stackHolds(h.data, arena) {
+				owner[arena] = h
+				how[arena] = "the arena's address in the live stack of thread " + strconv.Itoa(h.tid) +
+					", inside glibc code that holds the arena lock"
+			}
+		}
+	}
+	if len(owner) == 0 && len(holders) == 1 && len(waited) == 1 {
+		for arena := range waited {
+			owner[arena] = holders[0]
+			how[arena] = "the only blocked thread inside glibc code that holds an arena lock"
+		}
+	}
+	for _, t := range threads {
+		if h := owner[t.uaddr]; t.kind == "arena" && h != nil {
+			t.owner = uint32(h.tid)
+			t.ownerFrom = how[t.uaddr]
+		}
+	}
+}
+
+// stackHolds reports whether the aligned words of data hold v.
+func stackHolds(data []byte, v uint64) bool {
+	for i := 0; i+8 <= len(data) && i < 16<<10; i += 8 {
+		if binary.LittleEndian.Uint64(data[i:]) == v {
+			return true
+		}
+	}
+	return false
+}
+
+// unwindBlocked unwinds a thread blocked in a system call from its stack
+// pointer and instruction pointer alone: /proc gives no other register.
+// CFI recovers what the callees saved; the frame pointer of code built with
+// frame pointers is often not among it, and then the walk stops at the
+// first such frame. The caller's frame pointer is then searched for: a
+// stack slot holding a saved frame pointer (0, or an address higher up the
+// stack) followed by a return address into code; the first guess with
+// which the walk reaches the end of the stack wins. With none, the short
+// stack is kept and marked truncated.
+func unwindBlocked(unw *unwinder, maps symbolize.Maps, pc, sp uint64, data []byte) ([]uint64, bool) {
+	pcs, complete := unw.unwind(maps, pc, sp, 0, data)
+	first := append([]uint64(nil), pcs...)
+	if complete {
+		return first, true
+	}
+	end := sp + uint64(len(data))
+	for off := 0; off+16 <= len(data) && off < 16<<10; off += 8 {
+		slot := sp + uint64(off)
+		saved := binary.LittleEndian.Uint64(data[off:])
+		ra := binary.LittleEndian.Uint64(data[off+8:])
+		if saved != 0 && (saved <= slot || saved >= end) {
+			continue
+		}
+		if m, ok := maps.Find(ra); !ok || !m.Executable() {
+			continue
+		}
+		if pcs, complete := unw.unwind(maps, pc, sp, slot, data); complete && len(pcs) > len(first) {
+			return append([]uint64(nil), pcs...), true
+		}
+	}
+	return first, false
+}

@@ -1,0 +1,276 @@
+package tracer
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hooktrace/hooktrace/analyzer"
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/rcache"
+)
+
+// Hang detection reads /proc only: these tests need a C compiler and the
+// right to read a child's memory, not eBPF.
+
+func needCC(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("gcc is missing under CI")
+		}
+		t.Skip("no gcc")
+	}
+}
+
+func compileC(t *testing.T, src, name string) string {
+	t.Helper()
+	needCC(t)
+	out := filepath.Join(t.TempDir(), name)
+	if b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out, src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, b)
+	}
+	return out
+}
+
+// startWatched starts argv and watches it; the process is killed at the
+// end of the test.
+func startWatched(t *testing.T, timeout time.Duration, argv ...string) (*exec.Cmd, *HangWatcher) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := WatchHang(cmd.Process.Pid, HangOptions{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
+		Warn: func(s string) { t.Log(s) }})
+	t.Cleanup(func() {
+		w.Stop()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd, w
+}
+
+func hangThread(h *events.Hang, lock string) *events.HangThread {
+	for i := range h.Threads {
+		if h.Threads[i].LockName == lock {
+			return &h.Threads[i]
+		}
+	}
+	return nil
+}
+
+func framesHave(frames []events.Frame, fn string) bool {
+	for _, f := range frames {
+		if f.Function == fn {
+			return true
+		}
+	}
+	return false
+}
+
+func framesText(frames []events.Frame) string {
+	var b strings.Builder
+	for _, f := range frames {
+		b.WriteString("\n    " + f.Function + " (" + filepath.Base(f.Object) + ")")
+	}
+	return b.String()
+}
+
+// TestHangFindsABBA: two threads each hold one mutex and wait for the
+// other's. The hang names both locks by their symbols, each waiter's owner
+// from the mutex's __owner, and whole stacks with the program's functions.
+func TestHangFindsABBA(t *testing.T) {
+	prog := compileC(t, filepath.Join("..", "testdata", "deadlock.c"), "deadlock")
+	start := time.Now()
+	cmd, w := startWatched(t, 500*time.Millisecond, prog)
+	var h *events.Hang
+	select {
+	case h = <-w.Found():
+	case <-time.After(20 * time.Second):
+		t.Fatal("no deadlock reported in 20s")
+	}
+	took := time.Since(start)
+	if took < 500*time.Millisecond {
+		t.Errorf("reported after %v, before the timeout", took)
+	}
+	if h.PID != uint32(cmd.Process.Pid) || h.Action != "kill" || h.Timeout != uint64(500*time.Millisecond) {
+		t.Errorf("hang header: %+v", h)
+	}
+	a := hangThread(h, "accounts_lock (deadlock)")
+	l := hangThread(h, "ledger_lock (deadlock)")
+	if a == nil || l == nil {
+		t.Fatalf("want waits for accounts_lock and ledger_lock, got %+v", h.Threads)
+	}
+	// The thread waiting for ledger_lock holds accounts_lock: it is the
+	// owner the other waiter sees, and the other way round.
+	if a.Owner != l.TID || l.Owner != a.TID || a.OwnerFrom != "the mutex's __owner" {
+		t.Errorf("owners: %d waits (owner %d), %d waits (owner %d), from %q", a.TID, a.Owner, l.TID, l.Owner, a.OwnerFrom)
+	}
+	if a.LockKind != "mutex" || l.LockKind != "mutex" || a.BlockedNS < uint64(500*time.Millisecond) {
+		t.Errorf("kinds %s %s, blocked %v", a.LockKind, l.LockKind, time.Duration(a.BlockedNS))
+	}
+	for _, c := range []struct {
+		th *events.HangThread
+		fn string
+	}{{l, "post_to_ledger"}, {a, "audit_accounts"}} {
+		if !framesHave(c.th.Stack, c.fn) || !framesHave(c.th.Stack, "start_thread") || c.th.Truncated {
+			t.Errorf("thread %d's stack lacks %s or is cut short (truncated=%v):%s", c.th.TID, c.fn, c.th.Truncated, framesText(c.th.Stack))
+		}
+		if c.th.Stack[0].Function == c.fn {
+			t.Errorf("stack starts at %s: the lock call's frames are missing", c.fn)
+		}
+	}
+	// main waits in pthread_join: blocked, but on no lock.
+	if len(h.Threads) != 3 {
+		t.Errorf("want 3 blocked threads (the two lockers and main in pthread_join), got %d", len(h.Threads))
+	}
+	for _, th := range h.Threads {
+		if th.LockName == "" && (th.LockKind != "futex" || th.Owner != 0 || !framesHave(th.Stack, "main")) {
+			t.Errorf("main's wait: %+v", th)
+		}
+	}
+	// What the analyzer makes of it: one deadlock, both locks, both stacks.
+	var waits []analyzer.Wait
+	for _, th := range h.Threads {
+		waits = append(waits, analyzer.Wait{PID: h.PID, TID: th.TID, WaitingFor: th.Lock, Lock: th.LockName,
+			Owner: th.Owner, Stack: &events.Stack{Frames: th.Stack}})
+	}
+	fs := analyzer.DeadlockFindings(waits)
+	if len(fs) != 1 || len(fs[0].Locks) != 2 || len(fs[0].Edges) != 2 {
+		t.Fatalf("deadlock findings: %+v", fs)
+	}
+}
+
+// TestHangNeedsACycle: a thread that holds a mutex while it sleeps keeps
+// another blocked for longer than the timeout, but that is no deadlock.
+func TestHangNeedsACycle(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "slow.c")
+	os.WriteFile(src, []byte(`#include <pthread.h>
+#include <unistd.h>
+pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *waiter(void *a) { (void)a; usleep(100000); pthread_mutex_lock(&slow_lock); pthread_mutex_unlock(&slow_lock); return 0; }
+int main(void) {
+	pthread_t t;
+	pthread_mutex_lock(&slow_lock);
+	pthread_create(&t, 0, waiter, 0);
+	sleep(2);
+	pthread_mutex_unlock(&slow_lock);
+	pthread_join(t, 0);
+	return 0;
+}
+`), 0o644)
+	prog := compileC(t, src, "slow")
+	cmd, w := startWatched(t, 300*time.Millisecond, prog)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case h := <-w.Found():
+		t.Fatalf("reported a deadlock for a slow lock holder: %+v", h)
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("program failed: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the program did not finish")
+	}
+}
+
+// TestHangFindsSelfDeadlock: a thread waiting for a normal mutex it
+// holds is a cycle of one.
+func TestHangFindsSelfDeadlock(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "self.c")
+	os.WriteFile(src, []byte(`#include <pthread.h>
+pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
+volatile int reloads;
+__attribute__((noinline)) static void reload_config(void) { pthread_mutex_lock(&config_lock); reloads++; }
+int main(void) { pthread_mutex_lock(&config_lock); reload_config(); return 0; }
+`), 0o644)
+	prog := compileC(t, src, "self")
+	cmd, w := startWatched(t, 300*time.Millisecond, prog)
+	select {
+	case h := <-w.Found():
+		th := hangThread(h, "config_lock (self)")
+		if len(h.Threads) != 1 || th == nil || th.Owner != uint32(cmd.Process.Pid) || !framesHave(th.Stack, "reload_config") {
+			t.Fatalf("hang: %+v", h)
+		}
+		fs := analyzer.DeadlockFindings([]analyzer.Wait{{PID: h.PID, TID: th.TID, Lock: th.LockName, WaitingFor: th.Lock,
+			Owner: th.Owner, Stack: &events.Stack{Frames: th.Stack}}})
+		if len(fs) != 1 || !strings.Contains(fs[0].Title, "which it holds itself") {
+			t.Errorf("findings: %+v", fs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no deadlock reported")
+	}
+}
+
+// TestHangFindsArenaOwner: the legacy registration cache under stress
+// deadlocks between vma_lock and glibc's arena lock, which records no
+// owner. The owner must be found from the stacks: the thread inside free()
+// whose hook waits for vma_lock. The deadlock is a race: three chances.
+func TestHangFindsArenaOwner(t *testing.T) {
+	needCC(t)
+	b, err := rcache.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; attempt <= 3; attempt++ {
+		cmd, w := startWatched(t, time.Second, b.Workload, "--variant", "legacy", "--stress", "--seconds", "20", "--watchdog", "60")
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		var h *events.Hang
+		select {
+		case h = <-w.Found():
+		case <-exited:
+			t.Logf("attempt %d: no deadlock this time", attempt)
+			continue
+		case <-time.After(40 * time.Second):
+			t.Fatal("neither a deadlock nor an exit in 40s")
+		}
+		cache := hangThread(h, "vma_lock (librcache.so)")
+		arena := hangThread(h, "glibc malloc arena")
+		if cache == nil || arena == nil {
+			t.Fatalf("want waits for vma_lock and the arena, got %+v", h.Threads)
+		}
+		// Follow the cycle: the arena waiter's owner must be a thread
+		// waiting for vma_lock from a hook inside free, and vma_lock's
+		// owner must be waiting for the arena.
+		var hook, holder *events.HangThread
+		for i := range h.Threads {
+			th := &h.Threads[i]
+			if th.LockKind == "arena" && th.Owner != 0 {
+				for j := range h.Threads {
+					if h.Threads[j].TID == th.Owner {
+						hook = &h.Threads[j]
+					}
+				}
+			}
+		}
+		if hook == nil || hook.LockName != "vma_lock (librcache.so)" {
+			t.Fatalf("the arena's owner is not a thread waiting for vma_lock: %+v", h.Threads)
+		}
+		for i := range h.Threads {
+			if h.Threads[i].TID == hook.Owner {
+				holder = &h.Threads[i]
+			}
+		}
+		if holder == nil || holder.LockKind != "arena" {
+			t.Fatalf("vma_lock's owner %d is not waiting for the arena: %+v", hook.Owner, h.Threads)
+		}
+		for _, fn := range []string{"pthread_mutex_lock", "rc_mem_cb", "rc_mem_release_hook", "rc_intercept_madvise", "_int_free", "free"} {
+			if !framesHave(hook.Stack, fn) {
+				t.Errorf("the hook's stack lacks %s:%s", fn, framesText(hook.Stack))
+			}
+		}
+		if !strings.Contains(arena.OwnerFrom, "stack") {
+			t.Errorf("arena owner found by %q", arena.OwnerFrom)
+		}
+		t.Logf("attempt %d: deadlock: %d waits for the arena held by %d (%s); %d waits for vma_lock held by %d",
+			attempt, holder.TID, hook.TID, arena.OwnerFrom, hook.TID, holder.TID)
+		return
+	}
+	t.Fatal("the legacy variant did not deadlock in three stress runs")
+}
