@@ -35,6 +35,18 @@ struct {
 	__type(value, __u8);
 } traced SEC(".maps");
 
+#define MAX_HELD 8
+
+/* A lock the thread holds, as the probes saw it taken. */
+struct held_lock {
+	__u64 addr;
+	__u64 stack; /* hash of the stack it was taken with */
+	__u64 time;
+	__u32 kind;
+	__u16 op;
+	__u16 sent; /* its acquisition event was sent */
+};
+
 static __always_inline int is_traced(__u32 pid)
 {
 	__u8 *v = bpf_map_lookup_elem(&traced, &pid);
@@ -54,8 +66,21 @@ struct thread_state {
 	 * on the stack for the kernel's trampoline, which only the kernel's
 	 * own unwinder (bpf_get_stack) puts back. */
 	__u32 uret_pending;
-	__u32 pad;
+	__u32 nheld; /* entries in held_locks; held counts all, this the first MAX_HELD */
+	struct held_lock held_locks[MAX_HELD];
 };
+
+/* Acquisition patterns already sent, lockdep's chain cache: (lock, call
+ * site, locks held) -> the stack hash sent with it the first time. A
+ * pattern seen before adds nothing to the lock graph, so in aggregate mode
+ * its acquisition and release are only counted; they are sent after all
+ * (flush_held) if something new happens while the lock is held. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u64);
+} seen_acq SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -158,13 +183,15 @@ static __always_inline void count_lost(__u32 type)
 #define COOKIE_RANGE_BACK(c) (((c) >> 32) & 0xffffff)
 #define COOKIE_RANGE_LEN(c) ((((c) >> 56) & 0xff) << 16)
 
+static const struct thread_state zero_state;
+
 static __always_inline struct thread_state *thread_get(__u32 tid)
 {
 	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
 	if (st)
 		return st;
-	struct thread_state zero = {};
-	bpf_map_update_elem(&threads, &tid, &zero, BPF_NOEXIST);
+	/* Too large for the BPF stack: insert from a zeroed global. */
+	bpf_map_update_elem(&threads, &tid, &zero_state, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&threads, &tid);
 }
 
@@ -389,6 +416,87 @@ static __always_inline void event_send(struct event *e)
 		count_lost(REC_EVENT);
 }
 
+static __always_inline void held_push(struct thread_state *st, __u64 addr, __u32 op, __u32 kind,
+				      __u64 stack, __u64 time, __u16 sent)
+{
+	__u32 i = st->nheld;
+	if (i >= MAX_HELD)
+		return;
+	st->held_locks[i].addr = addr;
+	st->held_locks[i].stack = stack;
+	st->held_locks[i].time = time;
+	st->held_locks[i].kind = kind;
+	st->held_locks[i].op = op;
+	st->held_locks[i].sent = sent;
+	st->nheld = i + 1;
+}
+
+/* Removes the innermost entry for addr: -1 when there is none, else
+ * whether its acquisition was sent. */
+static __always_inline int held_pop(struct thread_state *st, __u64 addr)
+{
+	int found = -1, sent = -1;
+	for (int i = MAX_HELD - 1; i >= 0; i--) {
+		if ((__u32)i < st->nheld && st->held_locks[i].addr == addr) {
+			found = i;
+			sent = st->held_locks[i].sent;
+			break;
+		}
+	}
+	if (found < 0)
+		return -1;
+	for (int i = 0; i < MAX_HELD - 1; i++) {
+		if (i >= found && (__u32)(i + 1) < st->nheld)
+			st->held_locks[i] = st->held_locks[i + 1];
+	}
+	st->nheld--;
+	return sent;
+}
+
+/* The chain-cache key of an acquisition (or of an allocator call, lock 0)
+ * at site with the thread's held locks. */
+static __always_inline __u64 pattern_key(struct thread_state *st, __u32 pid, __u32 op, __u64 lock, __u64 site)
+{
+	__u64 h = 0xcbf29ce484222325ULL ^ pid;
+	h = (h ^ op) * 0x100000001b3ULL;
+	h = (h ^ lock) * 0x100000001b3ULL;
+	h = (h ^ site) * 0x100000001b3ULL;
+	for (__u32 i = 0; i < MAX_HELD; i++) {
+		if (i >= st->nheld)
+			break;
+		h = (h ^ st->held_locks[i].addr) * 0x100000001b3ULL;
+	}
+	return h;
+}
+
+/* Sends the acquisitions of held locks that were only counted: something
+ * new is about to be sent, and the analysis must know what is held. */
+static __always_inline void flush_held(struct thread_state *st, __u64 id)
+{
+	for (__u32 i = 0; i < MAX_HELD; i++) {
+		if (i >= st->nheld)
+			break;
+		if (st->held_locks[i].sent)
+			continue;
+		struct event fe;
+		event_init(&fe, st->held_locks[i].op, id);
+		fe.time = st->held_locks[i].time;
+		fe.addr = st->held_locks[i].addr;
+		fe.arg = st->held_locks[i].kind;
+		fe.stack = st->held_locks[i].stack;
+		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+		event_send(&fe);
+		st->held_locks[i].sent = 1;
+	}
+}
+
+/* Whether the chain cache may hide this call: aggregate mode, and every
+ * held lock is in the array, so the key covers them all. */
+static __always_inline int dedupable(struct thread_state *st)
+{
+	return !full_mode && st->held >= 0 && (__u32)st->held == st->nheld;
+}
+
 /* Marks an event made inside an allocator call (a hook the allocator ran). */
 static __always_inline void alloc_context(struct event *e, struct thread_state *st, __u64 sp)
 {
@@ -469,6 +577,13 @@ int uprobe_hook(struct pt_regs *ctx)
 		}
 		if (!full_mode && !nested && st->held <= 0)
 			return 0;
+		__u64 key = 0;
+		if (!nested && dedupable(st)) {
+			key = pattern_key(st, pid, op, 0, st->alloc_ret);
+			if (bpf_map_lookup_elem(&seen_acq, &key))
+				return 0;
+		}
+		flush_held(st, id);
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		if (nested) {
@@ -511,11 +626,14 @@ int uprobe_hook(struct pt_regs *ctx)
 			break;
 		}
 		send_with_stack(ctx, e, ctx, ret_slot, st);
+		if (key)
+			bpf_map_update_elem(&seen_acq, &key, &e->stack, BPF_ANY);
 		return 0;
 	}
 
 	if (op == OP_PROBE_ENTER) {
 		st->uret_pending++;
+		flush_held(st, id);
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->arg = cookie >> 32;
@@ -535,10 +653,12 @@ int uprobe_hook(struct pt_regs *ctx)
 		if (op != OP_COND_WAIT && op != OP_COND_TIMEDWAIT)
 			return 0;
 		/* cond_wait releases its mutex now. */
+		flush_held(st, id);
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->addr = st->pend_addr;
 		e->addr2 = st->pend_addr2;
+		held_pop(st, e->addr2);
 		if (st->held > 0)
 			st->held--;
 		send_with_stack(ctx, e, ctx, ret_slot, st);
@@ -559,22 +679,44 @@ int uprobe_hook(struct pt_regs *ctx)
 	switch (op) {
 	case OP_MUTEX_UNLOCK:
 	case OP_RWLOCK_UNLOCK:
-	case OP_SPIN_UNLOCK:
+	case OP_SPIN_UNLOCK: {
+		int sent = held_pop(st, lock);
 		if (st->held > 0)
 			st->held--;
+		/* Its acquisition was only counted: so is its release. */
+		if (sent == 0)
+			return 0;
 		event_send(e);
 		return 0;
+	}
 	case OP_MUTEX_DESTROY:
 		event_send(e);
 		return 0;
 	case OP_MUTEX_INIT:
-		break;
-	default: /* blocking acquisitions */
-		e->flags |= F_ACQUIRED;
-		st->held++;
-		alloc_context(e, st, sp);
+		send_with_stack(ctx, e, ctx, ret_slot, st);
+		return 0;
 	}
+	/* Blocking acquisitions. */
+	e->flags |= F_ACQUIRED;
+	alloc_context(e, st, sp);
+	__u64 key = 0;
+	if (!(e->flags & F_IN_ALLOC) && dedupable(st) && st->nheld < MAX_HELD) {
+		__u64 site = 0;
+		bpf_probe_read_user(&site, sizeof(site), (void *)ret_slot);
+		key = pattern_key(st, e->pid, op, lock, site);
+		__u64 *known = bpf_map_lookup_elem(&seen_acq, &key);
+		if (known) {
+			held_push(st, lock, op, e->arg, *known, e->time, 0);
+			st->held++;
+			return 0;
+		}
+	}
+	flush_held(st, id);
 	send_with_stack(ctx, e, ctx, ret_slot, st);
+	held_push(st, lock, op, e->arg, e->stack, e->time, 1);
+	st->held++;
+	if (key)
+		bpf_map_update_elem(&seen_acq, &key, &e->stack, BPF_ANY);
 	return 0;
 }
 
@@ -606,6 +748,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 	if (st->pend_op != op)
 		return 0;
 	st->pend_op = 0;
+	flush_held(st, id);
 	struct event ev, *e = &ev;
 	event_init(e, op, id);
 	e->flags |= F_RETURN;
@@ -631,6 +774,10 @@ int uretprobe_hook(struct pt_regs *ctx)
 	alloc_context(e, st, sp);
 	/* At the return the caller's frame is whole: no slot to put back. */
 	send_with_stack(ctx, e, ctx, 0, st);
+	if (e->flags & F_ACQUIRED) {
+		int cond = op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT;
+		held_push(st, cond ? e->addr2 : e->addr, cond ? OP_MUTEX_LOCK : op, e->arg, e->stack, e->time, 1);
+	}
 	return 0;
 }
 

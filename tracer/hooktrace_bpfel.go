@@ -75,7 +75,16 @@ type hooktraceThreadState struct {
 	PendOp      uint32
 	AllocSeq    uint32
 	UretPending uint32
-	Pad         uint32
+	Nheld       uint32
+	HeldLocks   [8]struct {
+		_     structs.HostLayout
+		Addr  uint64
+		Stack uint64
+		Time  uint64
+		Kind  uint32
+		Op    uint16
+		Sent  uint16
+	}
 }
 
 // loadHooktrace returns the embedded CollectionSpec for hooktrace.
@@ -139,6 +148,7 @@ type hooktraceMapSpecs struct {
 	Lost        *ebpf.MapSpec `ebpf:"lost"`
 	Ring        *ebpf.MapSpec `ebpf:"ring"`
 	ScratchMap  *ebpf.MapSpec `ebpf:"scratch_map"`
+	SeenAcq     *ebpf.MapSpec `ebpf:"seen_acq"`
 	SeenStacks  *ebpf.MapSpec `ebpf:"seen_stacks"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	Traced      *ebpf.MapSpec `ebpf:"traced"`
@@ -183,6 +193,7 @@ type hooktraceMaps struct {
 	Lost        *ebpf.Map `ebpf:"lost"`
 	Ring        *ebpf.Map `ebpf:"ring"`
 	ScratchMap  *ebpf.Map `ebpf:"scratch_map"`
+	SeenAcq     *ebpf.Map `ebpf:"seen_acq"`
 	SeenStacks  *ebpf.Map `ebpf:"seen_stacks"`
 	Threads     *ebpf.Map `ebpf:"threads"`
 	Traced      *ebpf.Map `ebpf:"traced"`
@@ -196,6 +207,7 @@ func (m *hooktraceMaps) Close() error {
 		m.Lost,
 		m.Ring,
 		m.ScratchMap,
+		m.SeenAcq,
 		m.SeenStacks,
 		m.Threads,
 		m.Traced,
