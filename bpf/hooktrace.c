@@ -68,10 +68,15 @@ struct thread_state {
 	__u32 uret_pending;
 	__u32 nheld; /* entries in held_locks; held counts all, this the first MAX_HELD */
 	struct held_lock held_locks[MAX_HELD];
+	/* The last patterns this thread found in seen_acq, by key & 3: a hot
+	 * loop repeats a few patterns, and this saves the shared map lookup. */
+	__u64 cache_key[4];
+	__u64 cache_stack[4];
 };
 
-/* Acquisition patterns already sent, lockdep's chain cache: (lock, call
- * site, locks held) -> the stack hash sent with it the first time. A
+/* Acquisition patterns already sent, lockdep's chain cache: (lock, locks
+ * held) for acquisitions, (call site, locks held) for allocator calls ->
+ * the stack hash sent with it the first time. A
  * pattern seen before adds nothing to the lock graph, so in aggregate mode
  * its acquisition and release are only counted; they are sent after all
  * (flush_held) if something new happens while the lock is held. */
@@ -416,6 +421,15 @@ static __always_inline void event_send(struct event *e)
 		count_lost(REC_EVENT);
 }
 
+/* A mutex's type, from __kind (offset 16 on x86-64 glibc); 0 for others. */
+static __always_inline __u32 mutex_kind(__u32 op, __u64 lock)
+{
+	__u32 kind = 0;
+	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
+		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + 16));
+	return kind;
+}
+
 static __always_inline void held_push(struct thread_state *st, __u64 addr, __u32 op, __u32 kind,
 				      __u64 stack, __u64 time, __u16 sent)
 {
@@ -482,12 +496,35 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
 		event_init(&fe, st->held_locks[i].op, id);
 		fe.time = st->held_locks[i].time;
 		fe.addr = st->held_locks[i].addr;
-		fe.arg = st->held_locks[i].kind;
+		fe.arg = mutex_kind(st->held_locks[i].op, st->held_locks[i].addr);
 		fe.stack = st->held_locks[i].stack;
 		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
 		event_send(&fe);
 		st->held_locks[i].sent = 1;
 	}
+}
+
+/* Looks a pattern up in the thread's cache, then in the shared chain
+ * cache; returns the stack hash it was sent with, or 0 when it is new. */
+static __always_inline __u64 pattern_seen(struct thread_state *st, __u64 key)
+{
+	__u32 i = key & 3;
+	if (st->cache_key[i] == key)
+		return st->cache_stack[i];
+	__u64 *stack = bpf_map_lookup_elem(&seen_acq, &key);
+	if (!stack)
+		return 0;
+	st->cache_key[i] = key;
+	st->cache_stack[i] = *stack | (1ULL << 62); /* never 0, even for a stackless first sighting */
+	return st->cache_stack[i];
+}
+
+static __always_inline void pattern_sent(struct thread_state *st, __u64 key, __u64 stack)
+{
+	bpf_map_update_elem(&seen_acq, &key, &stack, BPF_ANY);
+	__u32 i = key & 3;
+	st->cache_key[i] = key;
+	st->cache_stack[i] = stack | (1ULL << 62);
 }
 
 /* Whether the chain cache may hide this call: aggregate mode, and every
@@ -580,7 +617,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		__u64 key = 0;
 		if (!nested && dedupable(st)) {
 			key = pattern_key(st, pid, op, 0, st->alloc_ret);
-			if (bpf_map_lookup_elem(&seen_acq, &key))
+			if (pattern_seen(st, key))
 				return 0;
 		}
 		flush_held(st, id);
@@ -627,7 +664,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		}
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		if (key)
-			bpf_map_update_elem(&seen_acq, &key, &e->stack, BPF_ANY);
+			pattern_sent(st, key, e->stack);
 		return 0;
 	}
 
@@ -665,17 +702,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		return 0;
 	}
 
-	struct event ev, *e = &ev;
-	event_init(e, op, id);
 	__u64 lock = PT_REGS_PARM1(ctx);
-	e->addr = lock;
-	if (is_mutex(op)) {
-		__u32 kind = 0;
-		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + 16));
-		e->arg = kind;
-	}
-	if (st->held > 0)
-		e->flags |= F_LOCKS_HELD;
 	switch (op) {
 	case OP_MUTEX_UNLOCK:
 	case OP_RWLOCK_UNLOCK:
@@ -686,37 +713,55 @@ int uprobe_hook(struct pt_regs *ctx)
 		/* Its acquisition was only counted: so is its release. */
 		if (sent == 0)
 			return 0;
-		event_send(e);
-		return 0;
+		break;
 	}
 	case OP_MUTEX_DESTROY:
-		event_send(e);
-		return 0;
 	case OP_MUTEX_INIT:
+		break;
+	default: { /* blocking acquisitions */
+		/* A pattern seen before is only counted, unless a hook takes
+		 * it inside the allocator (those carry the arena question). */
+		__u64 key = 0;
+		if (dedupable(st) && st->nheld < MAX_HELD && !in_alloc(st, id >> 32, sp)) {
+			/* As lockdep's chain key: the lock and what is held, not
+			 * the call site (its read would cost as much as the rest). */
+			key = pattern_key(st, id >> 32, op, lock, 0);
+			__u64 known = pattern_seen(st, key);
+			if (known) {
+				/* The mutex kind is read if the acquisition is ever sent. */
+				held_push(st, lock, op, 0, known & ~(1ULL << 62), bpf_ktime_get_ns(), 0);
+				st->held++;
+				return 0;
+			}
+		}
+		flush_held(st, id);
+		struct event ev, *e = &ev;
+		event_init(e, op, id);
+		e->addr = lock;
+		e->arg = mutex_kind(op, lock);
+		if (st->held > 0)
+			e->flags |= F_LOCKS_HELD;
+		e->flags |= F_ACQUIRED;
+		alloc_context(e, st, sp);
 		send_with_stack(ctx, e, ctx, ret_slot, st);
+		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
+		st->held++;
+		if (key)
+			pattern_sent(st, key, e->stack);
 		return 0;
 	}
-	/* Blocking acquisitions. */
-	e->flags |= F_ACQUIRED;
-	alloc_context(e, st, sp);
-	__u64 key = 0;
-	if (!(e->flags & F_IN_ALLOC) && dedupable(st) && st->nheld < MAX_HELD) {
-		__u64 site = 0;
-		bpf_probe_read_user(&site, sizeof(site), (void *)ret_slot);
-		key = pattern_key(st, e->pid, op, lock, site);
-		__u64 *known = bpf_map_lookup_elem(&seen_acq, &key);
-		if (known) {
-			held_push(st, lock, op, e->arg, *known, e->time, 0);
-			st->held++;
-			return 0;
-		}
 	}
-	flush_held(st, id);
-	send_with_stack(ctx, e, ctx, ret_slot, st);
-	held_push(st, lock, op, e->arg, e->stack, e->time, 1);
-	st->held++;
-	if (key)
-		bpf_map_update_elem(&seen_acq, &key, &e->stack, BPF_ANY);
+	struct event ev, *e = &ev;
+	event_init(e, op, id);
+	e->addr = lock;
+	if (op != OP_MUTEX_UNLOCK)
+		e->arg = mutex_kind(op, lock);
+	if (st->held > 0)
+		e->flags |= F_LOCKS_HELD;
+	if (op == OP_MUTEX_INIT)
+		send_with_stack(ctx, e, ctx, ret_slot, st);
+	else
+		event_send(e);
 	return 0;
 }
 

@@ -85,6 +85,8 @@ type hooktraceThreadState struct {
 		Op    uint16
 		Sent  uint16
 	}
+	CacheKey   [4]uint64
+	CacheStack [4]uint64
 }
 
 // loadHooktrace returns the embedded CollectionSpec for hooktrace.
