@@ -1,6 +1,8 @@
 package analyzer
 
 import (
+	"io"
+	"path/filepath"
 	"testing"
 
 	"github.com/hooktrace/hooktrace/events"
@@ -92,4 +94,55 @@ func BenchmarkAnalyze(b *testing.B) {
 	if res := a.Result(); len(res.Findings) != 0 {
 		b.Fatalf("the synthetic stream has no bugs, got %d findings", len(res.Findings))
 	}
+}
+
+// BenchmarkAnalyzeFile is what `hooktrace analyze` does: read a trace file
+// and analyze it, on one core (run with -cpu 1). It reports events/s.
+func BenchmarkAnalyzeFile(b *testing.B) {
+	recs := syntheticStream(8, 12500) // 1M events
+	path := filepath.Join(b.TempDir(), "synthetic.htr")
+	w, err := events.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for _, r := range recs {
+		if err := w.Write(r); err != nil {
+			b.Fatal(err)
+		}
+		if r.Kind == events.RecEvent {
+			n++
+		}
+	}
+	if err := w.Write(&events.Record{Kind: events.RecFooter, Footer: &events.Footer{Events: uint64(n)}}); err != nil {
+		b.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r, err := events.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		a := New(Options{})
+		var rec events.Record
+		for {
+			err := r.NextInto(&rec)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			a.Add(&rec)
+		}
+		r.Close()
+		if res := a.Result(); res.Stats.Events != uint64(n) {
+			b.Fatalf("analyzed %d events, want %d", res.Stats.Events, n)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
