@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"syscall"
 
@@ -55,6 +56,11 @@ func StartGated(argv []string) (*Gated, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding %s: %w", argv[0], err)
 	}
+	// "./app" stays relative after LookPath; the probe plan compares it
+	// with the absolute paths of /proc/PID/maps and the loader's list.
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("finding hooktrace's own binary: %w", err)
@@ -86,10 +92,15 @@ func (g *Gated) Open() error {
 // target at its exit, before its memory is torn down, and calls atExit
 // there: events are read behind the target, and a short-lived one would
 // otherwise be gone, mappings and all, before its stacks are symbolized.
-// The stop is ptrace's exit event on the main thread only (PTRACE_SEIZE
-// does not stop the target, and signals are passed on untouched); a
-// target that cannot be seized runs without the hold.
-func (g *Gated) RunToExit(atExit func()) (syscall.WaitStatus, error) {
+// With onFork set it also stops each child the target forks at its birth
+// and calls onFork before letting it run, so that the child's own probes
+// (uprobes are per process) are in place before its first instruction;
+// the children are held at their exit too.
+//
+// The stops are ptrace's (PTRACE_SEIZE, which does not stop the target
+// and passes signals on untouched); a target that cannot be seized runs
+// without them.
+func (g *Gated) RunToExit(atExit, onFork func(pid int)) (syscall.WaitStatus, error) {
 	type result struct {
 		ws  syscall.WaitStatus
 		err error
@@ -99,16 +110,28 @@ func (g *Gated) RunToExit(atExit func()) (syscall.WaitStatus, error) {
 		// ptrace requests must come from the thread that seized.
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		pid := g.Cmd.Process.Pid
-		_, _, errno := syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, unix.PTRACE_O_TRACEEXIT, 0, 0)
+		target := g.Cmd.Process.Pid
+		opts := uintptr(unix.PTRACE_O_TRACEEXIT)
+		if onFork != nil {
+			opts |= unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK
+		}
+		_, _, errno := syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(target), 0, opts, 0, 0)
 		seized := errno == 0
 		if err := g.Open(); err != nil {
 			done <- result{err: fmt.Errorf("starting the target: %w", err)}
 			return
 		}
+		// Children whose probes are placed, and whose first stop was seen.
+		placed, started := map[int]bool{}, map[int]bool{}
+		follow := func(pid int) {
+			if !placed[pid] {
+				placed[pid] = true
+				onFork(pid)
+			}
+		}
 		var ws syscall.WaitStatus
 		for {
-			_, err := syscall.Wait4(pid, &ws, unix.WALL, nil)
+			pid, err := syscall.Wait4(-1, &ws, unix.WALL, nil)
 			if err == syscall.EINTR {
 				continue
 			}
@@ -117,8 +140,11 @@ func (g *Gated) RunToExit(atExit func()) (syscall.WaitStatus, error) {
 				return
 			}
 			if ws.Exited() || ws.Signaled() {
-				done <- result{ws: ws}
-				return
+				if pid == target {
+					done <- result{ws: ws}
+					return
+				}
+				continue
 			}
 			if !ws.Stopped() || !seized {
 				continue
@@ -126,8 +152,20 @@ func (g *Gated) RunToExit(atExit func()) (syscall.WaitStatus, error) {
 			sig := 0
 			switch event := int(ws) >> 16; {
 			case event == unix.PTRACE_EVENT_EXIT:
-				atExit()
+				atExit(pid)
+			case event == unix.PTRACE_EVENT_FORK || event == unix.PTRACE_EVENT_VFORK:
+				if child, err := unix.PtraceGetEventMsg(pid); err == nil {
+					follow(int(child))
+				}
 			case event == unix.PTRACE_EVENT_STOP:
+				if pid != target && !started[pid] {
+					// A new child's first stop: place its probes (if
+					// its parent's fork event has not already), then
+					// let it run.
+					started[pid] = true
+					follow(pid)
+					break
+				}
 				// A group stop (SIGSTOP and friends): stay stopped as
 				// the target would untraced, but keep watching.
 				syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_LISTEN, uintptr(pid), 0, 0, 0, 0)

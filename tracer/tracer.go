@@ -75,6 +75,7 @@ type Tracer struct {
 	conv      *converter
 	lostSeen  uint64
 	allocator string
+	attached  map[int]bool // processes whose probes are placed
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
@@ -162,6 +163,18 @@ func b2u(b bool) uint32 {
 // sites are placed in the objects it maps, or, for a gated child that has
 // not exec'd yet, in the objects exe will load.
 func (t *Tracer) Attach(pid int, exe string) error {
+	t.mu.Lock()
+	if t.attached[pid] {
+		// A followed child can be reported both by ptrace and by the
+		// fork event: place its probes once.
+		t.mu.Unlock()
+		return nil
+	}
+	if t.attached == nil {
+		t.attached = map[int]bool{}
+	}
+	t.attached[pid] = true
+	t.mu.Unlock()
 	if err := checkProcess(pid); err != nil {
 		return err
 	}

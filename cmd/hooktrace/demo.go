@@ -228,7 +228,7 @@ func traceCommand(f *traceFlags, argv []string) (*analyzer.Result, *events.Foote
 	}
 	var ws syscall.WaitStatus
 	wait := func() (err error) {
-		ws, err = g.RunToExit(func() { s.tr.Exiting(pid) })
+		ws, err = g.RunToExit(s.tr.Exiting, nil)
 		return err
 	}
 	reason, waitErr := s.waitTarget(pid, wait)
@@ -401,8 +401,10 @@ func writeDemoText(w io.Writer, runs []*demoRun, f *demoFlags) {
 	col("target", func(r *demoRun) string {
 		st := &r.res.Stats
 		switch {
+		case st.ExitSignal != "" && r.foot != nil && r.foot.Hang != nil:
+			return "killed by hang detection"
 		case st.ExitSignal != "":
-			return "killed (" + st.ExitSignal + ")"
+			return "signal: " + st.ExitSignal
 		case st.ExitStatus != nil:
 			return fmt.Sprintf("exit status %d", *st.ExitStatus)
 		}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -57,7 +59,16 @@ func runTraced(f *traceFlags, argv []string) error {
 	}
 	var ws syscall.WaitStatus
 	wait := func() (err error) {
-		ws, err = g.RunToExit(func() { s.tr.Exiting(pid) })
+		var onFork func(int)
+		if f.followForks {
+			// Place a child's probes before it runs its first instruction.
+			onFork = func(child int) {
+				if err := s.tr.Attach(child, ""); err != nil {
+					slog.Warn(fmt.Sprintf("following child %d: %v", child, err))
+				}
+			}
+		}
+		ws, err = g.RunToExit(s.tr.Exiting, onFork)
 		return err
 	}
 	reason, waitErr := s.waitTarget(pid, wait)

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestFollowForks: a child process's lock inversion is seen only with
+// --follow-forks; its probes are placed before it runs.
+func TestFollowForks(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "forker")
+	fs := ofKind(traceFindings(t, []string{"--follow-forks"}, prog), "lock-order-cycle", "error")
+	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"fork_a (forker)", "fork_b (forker)"}) || !fs[0].edgeStackHas(0, "both_orders") {
+		t.Fatalf("--follow-forks: want the child's fork_a/fork_b inversion from both_orders, got %v", fs)
+	}
+	if fs := ofKind(traceFindings(t, nil, prog), "lock-order-cycle", "error"); len(fs) != 0 {
+		t.Errorf("without --follow-forks the child is not traced, got %v", fs)
+	}
+}
+
+// TestExecMidTrace: the target execs another program; the trace goes on
+// in the new image (same PID) and finds its inversion, named after the new
+// image's symbols.
+func TestExecMidTrace(t *testing.T) {
+	requireBPF(t)
+	execer, inversion := buildC(t, "execer"), buildC(t, "inversion")
+	fs := ofKind(traceFindings(t, nil, execer, inversion), "lock-order-cycle", "error")
+	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
+		t.Fatalf("want the exec'd program's inversion, got %v", fs)
+	}
+}
+
+// TestDamagedTraces: a trace cut short (the tracer was killed) is analyzed
+// up to its last whole block with a warning, and the report says it is
+// incomplete; a corrupted one fails with the offset, exit 3.
+func TestDamagedTraces(t *testing.T) {
+	requireBPF(t)
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "whole.htr")
+	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--fail-on", "none", "--", buildC(t, "mallocs")); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, stderr)
+	}
+	data, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := filepath.Join(dir, "cut.htr")
+	os.WriteFile(cut, data[:len(data)*2/3], 0o644)
+	stdout, stderr, code := hooktrace(t, nil, "analyze", "--format", "json", "--fail-on", "none", cut)
+	if code != 0 || !strings.Contains(stderr, "truncated") {
+		t.Fatalf("cut trace: exit %d, stderr %q", code, stderr)
+	}
+	rep := parseReport(t, stdout)
+	if rep.Stats.Complete || rep.Stats.Events == 0 {
+		t.Errorf("cut trace: complete=%v events=%d; want incomplete with the events before the cut", rep.Stats.Complete, rep.Stats.Events)
+	}
+
+	bad := append([]byte(nil), data...)
+	bad[len(bad)/2] ^= 0x40
+	corrupt := filepath.Join(dir, "corrupt.htr")
+	os.WriteFile(corrupt, bad, 0o644)
+	_, stderr, code = hooktrace(t, nil, "analyze", corrupt)
+	if code != exitFailure || !strings.Contains(stderr, "corrupt at offset") {
+		t.Errorf("corrupt trace: exit %d (want %d), stderr %q", code, exitFailure, stderr)
+	}
+}
+
+// TestGoTarget: a Go program gets no return probes (they corrupt Go
+// stacks), is told so, and runs to its right answer.
+func TestGoTarget(t *testing.T) {
+	requireBPF(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "main.go")
+	os.WriteFile(src, []byte("package main\n\nimport \"fmt\"\n\nfunc main() {\n\tsum := 0\n\tfor i := 1; i <= 100; i++ {\n\t\tsum += i\n\t}\n\tfmt.Println(\"sum\", sum)\n}\n"), 0o644)
+	bin := filepath.Join(dir, "goprog")
+	build := exec.Command("go", "build", "-o", bin, src)
+	build.Dir = dir
+	build.Env = append(os.Environ(), "GO111MODULE=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(hooktraceBin, "run", "--format", "json", "--", bin)
+	out, err := cmd.Output()
+	stderr := ""
+	if ee, ok := err.(*exec.ExitError); ok {
+		stderr = string(ee.Stderr)
+		t.Fatalf("exit %d\n%s", ee.ExitCode(), stderr)
+	}
+	if !strings.HasPrefix(string(out), "sum 5050\n") {
+		t.Errorf("the Go program's answer: %q", out)
+	}
+	cmd = exec.Command(hooktraceBin, "run", "--format", "json", "--", bin)
+	b, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(b), "is a Go program: no return probes") {
+		t.Errorf("no warning about return probes in a Go target:\n%s", b)
+	}
+}
