@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,15 +20,17 @@ import (
 // event that uses it, and names threads and locks on first sight, while the
 // process is still there to ask.
 type converter struct {
-	mu     sync.Mutex // guards procs for exiting, called from elsewhere
-	emit   func(*events.Record) error
-	onFork func(pid uint32) // a traced process forked a child to follow
-	unw    *unwinder
-	warn   func(string)
-	procs  map[uint32]*procState
-	events uint64
-	nextID uint32
-	rec    events.Record
+	mu sync.Mutex // guards procs for exiting, called from elsewhere
+	// Threads and lock addresses seen, for the live status line.
+	nthreads, nlocks atomic.Int64
+	emit             func(*events.Record) error
+	onFork           func(pid uint32) // a traced process forked a child to follow
+	unw              *unwinder
+	warn             func(string)
+	procs            map[uint32]*procState
+	events           uint64
+	nextID           uint32
+	rec              events.Record
 }
 
 // procState is what the converter knows of one address space. An exec
@@ -182,6 +185,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 	}
 	if !p.threads[r.Tid] && op != events.OpThreadExit {
 		p.threads[r.Tid] = true
+		c.nthreads.Add(1)
 		if err := c.send(&events.Record{Kind: events.RecThread, Thread: events.Thread{
 			PID: r.Pid, TID: r.Tid, Name: threadName(r.Pid, r.Tid)}}); err != nil {
 			return err
@@ -189,6 +193,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 	}
 	if (op.IsLockAcquire() || op == events.OpMutexInit) && !p.locks[r.Addr] {
 		p.locks[r.Addr] = true
+		c.nlocks.Add(1)
 		p.mapsFor(r.Addr)
 		if name, ok := p.sym.Data(r.Addr); ok {
 			if err := c.send(&events.Record{Kind: events.RecLockName, LockName: events.LockName{

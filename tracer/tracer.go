@@ -355,6 +355,11 @@ func (t *Tracer) FloorHits() uint64 {
 	return n
 }
 
+// Seen counts the threads and lock addresses seen so far.
+func (t *Tracer) Seen() (threads, locks int64) {
+	return t.conv.nthreads.Load(), t.conv.nlocks.Load()
+}
+
 // Events is the number of event records handed out so far.
 func (t *Tracer) Events() uint64 { return t.conv.events }
 

@@ -175,20 +175,32 @@ func newStatusLine(tr *tracer.Tracer) *statusLine {
 		defer close(s.done)
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
-		var last uint64
+		// Calls are every probe hit; events what was sent (in aggregate
+		// mode, repeats are only counted).
+		var last, lastCalls uint64
 		for {
 			select {
 			case <-s.quit:
 				fmt.Fprint(os.Stderr, "\r\033[K")
 				return
 			case <-tick.C:
-				n := tr.Events()
-				fmt.Fprintf(os.Stderr, "\r\033[Khooktrace: %d events/s, %d events, %d lost", n-last, n, tr.Lost())
-				last = n
+				n, calls := tr.Events(), sumCalls(tr.Calls())
+				threads, locks := tr.Seen()
+				fmt.Fprintf(os.Stderr, "\r\033[Khooktrace: %d calls/s, %d events/s, %d threads, %d locks, %d lost",
+					calls-lastCalls, n-last, threads, locks, tr.Lost())
+				last, lastCalls = n, calls
 			}
 		}
 	}()
 	return s
+}
+
+func sumCalls(calls map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range calls {
+		n += v
+	}
+	return n
 }
 
 func (s *statusLine) stop() {
