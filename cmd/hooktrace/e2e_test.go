@@ -29,6 +29,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// Readable by all: one test runs it as an unprivileged user.
+	os.Chmod(dir, 0o755)
 	hooktraceBin = filepath.Join(dir, "hooktrace")
 	build := exec.Command("go", "build", "-o", hooktraceBin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -314,4 +316,13 @@ func TestUserErrors(t *testing.T) {
 			}
 		})
 	}
+	// Without privileges: as user nobody, no CAP_BPF.
+	t.Run("not root", func(t *testing.T) {
+		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+			hooktraceBin, "run", "--", "/bin/true").CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != exitPermission || !strings.Contains(string(out), "CAP_BPF") {
+			t.Errorf("as nobody: %v, %q; want exit %d naming CAP_BPF", err, out, exitPermission)
+		}
+	})
 }
