@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/events"
 )
 
 // TestFollowForks: a child process's lock inversion is seen only with
@@ -97,5 +99,39 @@ func TestGoTarget(t *testing.T) {
 	b, _ := cmd.CombinedOutput()
 	if !strings.Contains(string(b), "is a Go program: no return probes") {
 		t.Errorf("no warning about return probes in a Go target:\n%s", b)
+	}
+}
+
+// TestCxxProbe: --probe takes a demangled C++ name; every call of it is
+// traced at entry and exit, with the demangled name in the stack.
+func TestCxxProbe(t *testing.T) {
+	requireBPF(t)
+	prog := filepath.Join(t.TempDir(), "cxx")
+	if b, err := exec.Command("g++", "-O2", "-g", "-fno-omit-frame-pointer", "-o", prog,
+		filepath.Join("..", "..", "testdata", "cxx.cc")).CombinedOutput(); err != nil {
+		t.Fatalf("g++: %v\n%s", err, b)
+	}
+	trace := filepath.Join(t.TempDir(), "c.htr")
+	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--probe", "rc::Cache::insert", "--", prog); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	evs, stacks, r := readTrace(t, trace)
+	if h := r.Header(); h == nil || len(h.UserProbes) != 1 || h.UserProbes[0] != "rc::Cache::insert" {
+		t.Errorf("header's user probes: %+v", h)
+	}
+	enters, exits := 0, 0
+	for _, e := range evs {
+		switch e.Op {
+		case events.OpProbeEnter:
+			enters++
+			if s := stacks[e.Stack]; s == nil || len(s.Frames) == 0 || s.Frames[0].Function != "rc::Cache::insert(long)" || !stackHas(s, "main") {
+				t.Errorf("probe entry stack:%s", stackString(s))
+			}
+		case events.OpProbeExit:
+			exits++
+		}
+	}
+	if enters != 3 || exits != 3 {
+		t.Errorf("rc::Cache::insert: %d entries and %d exits, want 3 and 3", enters, exits)
 	}
 }
