@@ -4,7 +4,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build generate check-generated test lint bench fuzz clean
+.PHONY: all build generate check-generated test lint bench fuzz clean demo
 
 all: build
 
@@ -41,6 +41,11 @@ bench: build
 	HOOKTRACE_BENCH_ROUNDS=$(BENCH_ROUNDS) HOOKTRACE_BENCH_ITERS=$(BENCH_ITERS) \
 	HOOKTRACE_BENCH_THREADS=$(BENCH_THREADS) HOOKTRACE_BENCH_CONFIGS=$(BENCH_CONFIGS) \
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 0 ./bench/
+
+# The reference registration cache, legacy and fixed, traced for real
+# (needs root and gcc; see rcache/README.md).
+demo: build
+	bin/hooktrace demo
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 60s ./events

@@ -52,6 +52,7 @@ type summary struct {
 	HookCalls     uint64 `json:"hook_calls"`
 	HookDeferred  uint64 `json:"hook_deferred"`
 	Overflows     uint64 `json:"overflows"`
+	Flushes       uint64 `json:"flushes"`
 	Violations    uint64 `json:"violations"`
 	TrimBatches   uint64 `json:"trim_batches"`
 }
@@ -162,6 +163,26 @@ func TestNeverReturnsReleasedMemory(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDeferredQueueOverflow: with a deferred queue of two entries, hooks
+// overflow it and the next operation drops every registration. That must
+// keep the promise too.
+func TestDeferredQueueOverflow(t *testing.T) {
+	b := build(t)
+	for attempt := 1; ; attempt++ {
+		s, code, stderr := workload(t, b, []string{"RCACHE_TEST_QUEUE=2"}, "--variant", "fixed", "--check", "--rounds", "3000")
+		if code != 0 || s.Violations != 0 {
+			t.Fatalf("exit %d, %d violations\n%s", code, s.Violations, stderr)
+		}
+		if s.Overflows > 0 && s.Flushes > 0 {
+			t.Logf("%d overflows, %d flushes, %d deferred hooks, no violation", s.Overflows, s.Flushes, s.HookDeferred)
+			return
+		}
+		if attempt == 3 {
+			t.Fatalf("no overflow in three runs: the path went untested (%+v)", s)
+		}
 	}
 }
 

@@ -100,6 +100,13 @@ func (w *HangWatcher) run() {
 	tick := time.NewTicker(w.opts.Interval)
 	defer tick.Stop()
 	seen := map[int]*waitSample{}
+	// The symbolizer is kept from one diagnosis to the next (it caches the
+	// objects it read); the last set of long waits that had no cycle is not
+	// diagnosed again: a thread waiting long in pthread_join, say, would
+	// otherwise cost a full diagnosis every tick.
+	var sym *symbolize.Symbolizer
+	unw := newUnwinder()
+	lastKey := ""
 	for {
 		select {
 		case <-w.stop:
@@ -138,7 +145,21 @@ func (w *HangWatcher) run() {
 		if len(long) == 0 {
 			continue
 		}
-		if h := w.diagnose(long, now); h != nil {
+		sort.Slice(long, func(i, j int) bool { return long[i].tid < long[j].tid })
+		var key strings.Builder
+		for _, s := range long {
+			fmt.Fprintf(&key, "%d:%x:%d,", s.tid, s.uaddr, s.since.UnixNano())
+		}
+		if key.String() == lastKey {
+			continue
+		}
+		lastKey = key.String()
+		if sym == nil {
+			sym = symbolize.New(w.pid)
+		} else {
+			sym.Refresh()
+		}
+		if h := w.diagnose(long, now, sym, unw); h != nil {
 			w.found <- h
 			return
 		}
@@ -203,28 +224,26 @@ func sampleWait(pid, tid int) (*waitSample, bool) {
 // blockedThread is a long-blocked thread read in full.
 type blockedThread struct {
 	waitSample
-	name      string
-	stack     *events.Stack
-	data      []byte // stack memory from sp up
-	kind      string
-	lockName  string
-	owner     uint32
-	ownerFrom string
-	holdsArna bool // its stack is in glibc code that holds an arena lock
+	name       string
+	stack      *events.Stack
+	data       []byte // stack memory from sp up
+	kind       string
+	lockName   string
+	owner      uint32
+	ownerFrom  string
+	holdsArena bool // its stack is in glibc code that holds an arena lock
 }
 
 // diagnose reads the long-blocked threads in full and returns a Hang when
 // their wait-for graph has a cycle.
-func (w *HangWatcher) diagnose(long []*waitSample, now time.Time) *events.Hang {
+func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Symbolizer, unw *unwinder) *events.Hang {
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", w.pid))
 	if err != nil {
 		w.opts.Warn(fmt.Sprintf("hang detection: reading pid %d's memory: %v", w.pid, err))
 		return nil
 	}
 	defer mem.Close()
-	sym := symbolize.New(w.pid)
 	maps := sym.Maps()
-	unw := newUnwinder()
 	readMem := func(addr uint64, n int) []byte {
 		b := make([]byte, n)
 		k, _ := mem.ReadAt(b, int64(addr))
@@ -248,7 +267,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time) *events.Hang {
 		t.stack = &events.Stack{Frames: sym.Frames(pcs), Truncated: !complete}
 		if w.opts.ArenaHeld != nil {
 			held, _ := w.opts.ArenaHeld(t.stack)
-			t.holdsArna = held
+			t.holdsArena = held
 		}
 		classifyWait(t, readMem, mainArena, sym)
 		threads = append(threads, t)
@@ -296,7 +315,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time) *events.Hang {
 	return h
 }
 
-// lockCallFrame reports whether the stack is inside a pthread mutex lock
+// inMutexLock reports whether the stack is inside a pthread mutex lock
 // call.
 func inMutexLock(st *events.Stack) bool {
 	for _, f := range st.Frames {
@@ -360,7 +379,7 @@ func inferArenaOwners(threads []*blockedThread) {
 			waited[t.uaddr] = true
 			continue // a thread waiting for an arena lock holds none
 		}
-		if t.holdsArna {
+		if t.holdsArena {
 			holders = append(holders, t)
 		}
 	}

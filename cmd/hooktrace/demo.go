@@ -73,6 +73,7 @@ type demoRun struct {
 	foot    *events.Footer
 	sum     workloadSummary
 	wall    time.Duration
+	startNS uint64 // CLOCK_MONOTONIC when the target was let go, as Hang.Time
 	ok      bool
 	verdict string
 }
@@ -186,11 +187,11 @@ func traceDemoVariant(b *rcache.Built, variant string, f *demoFlags, scratch str
 		tf.output = filepath.Join(f.traceDir, variant+".htr")
 	}
 	start := time.Now()
-	res, foot, err := traceCommand(tf, argv)
+	res, foot, startNS, err := traceCommand(tf, argv)
 	if err != nil {
 		return nil, err
 	}
-	r := &demoRun{variant: variant, res: res, foot: foot, wall: time.Since(start)}
+	r := &demoRun{variant: variant, res: res, foot: foot, wall: time.Since(start), startNS: startNS}
 	if data, err := os.ReadFile(summary); err == nil && json.Unmarshal(data, &r.sum) == nil {
 		r.sum.present = true
 	}
@@ -199,16 +200,17 @@ func traceDemoVariant(b *rcache.Built, variant string, f *demoFlags, scratch str
 }
 
 // traceCommand runs argv traced from its first instruction to its exit,
-// as run does, and returns the analysis (the footer already added).
-func traceCommand(f *traceFlags, argv []string) (*analyzer.Result, *events.Footer, error) {
+// as run does, and returns the analysis (the footer already added) and
+// when the target was let go to exec (CLOCK_MONOTONIC).
+func traceCommand(f *traceFlags, argv []string) (*analyzer.Result, *events.Footer, uint64, error) {
 	s, err := newSession(f)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	g, err := tracer.StartGated(argv)
 	if err != nil {
 		s.tr.Close()
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	pid := g.Cmd.Process.Pid
 	s.header.Command = argv
@@ -217,37 +219,38 @@ func traceCommand(f *traceFlags, argv []string) (*analyzer.Result, *events.Foote
 	if err := s.tr.Attach(pid, g.Path); err != nil {
 		g.Abort()
 		s.tr.Close()
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	stop := make(chan struct{})
 	done, err := s.start(stop)
 	if err != nil {
 		g.Abort()
 		s.tr.Close()
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	var ws syscall.WaitStatus
 	wait := func() (err error) {
 		ws, err = g.RunToExit(s.tr.Exiting, nil)
 		return err
 	}
+	launched := monotonicNow()
 	reason, waitErr := s.waitTarget(pid, wait)
 	close(stop)
 	runErr := <-done
 	if waitErr != nil {
 		s.finish(waitErr.Error(), nil, "")
-		return nil, nil, waitErr
+		return nil, nil, 0, waitErr
 	}
-	exit, sig := exitStatus(ws)
+	exit, sig := s.targetExit(&ws)
 	foot, err := s.finish(reason, exit, sig)
 	if runErr != nil {
-		return nil, nil, runErr
+		return nil, nil, 0, runErr
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
-	return s.sink.an.Result(), foot, nil
+	return s.sink.an.Result(), foot, launched, nil
 }
 
 // judgeDemo sets a run's verdict. Without --stress: legacy must show the
@@ -457,17 +460,35 @@ func writeDemoStory(p func(string, ...any), r *demoRun, stress bool) {
 	p("%s: %s", r.variant, f.Title)
 	if r.foot != nil && r.foot.Hang != nil {
 		h := r.foot.Hang
-		p("  hang detection: every thread on the cycle blocked for %v or more, then the target was %s",
+		var blocked uint64
+		for _, t := range h.Threads {
+			if t.Owner != 0 {
+				blocked = max(blocked, t.BlockedNS)
+			}
+		}
+		if h.Time > r.startNS+blocked {
+			p("  deadlocked about %.1f s after the workload started; hang detection reported it %.1f s later",
+				float64(h.Time-blocked-r.startNS)/1e9, float64(blocked)/1e9)
+		}
+		p("  (every thread on the cycle blocked for at least %v), and the target was %s",
 			time.Duration(h.Timeout), map[string]string{"kill": "killed", "detach": "left running"}[h.Action])
 	}
 	for i := range f.Edges {
 		e := &f.Edges[i]
 		letter := string(rune('A' + i))
+		owner := ""
+		if f.Kind == analyzer.KindDeadlock {
+			owner = fmt.Sprintf(", which thread %s holds", string(rune('A'+(i+1)%len(f.Edges))))
+		}
 		switch {
-		case e.To == demoArenaLock || strings.Contains(e.To, "arena"):
-			p("  thread %s (tid %d) holds %s and calls the allocator, which needs the arena lock:", letter, e.Thread, e.From)
+		case strings.Contains(e.To, "arena") && owner == "":
+			p("  thread %s (tid %d) holds %s and calls the allocator, which may need the arena lock:", letter, e.Thread, e.From)
+		case strings.Contains(e.To, "arena"):
+			p("  thread %s (tid %d) holds %s and waits in the allocator for the arena lock%s:", letter, e.Thread, e.From, owner)
+		case owner == "":
+			p("  thread %s (tid %d) holds %s and takes %s:", letter, e.Thread, e.From, e.To)
 		default:
-			p("  thread %s (tid %d) holds %s and waits for %s:", letter, e.Thread, e.From, e.To)
+			p("  thread %s (tid %d) holds %s and waits for %s%s:", letter, e.Thread, e.From, e.To, owner)
 		}
 		for _, fr := range demoFrames(e.Stack) {
 			p("      %s", fr)
@@ -511,8 +532,11 @@ func findingCount(fs []analyzer.Finding) string {
 	}
 	var parts []string
 	for _, s := range []analyzer.Severity{analyzer.SeverityError, analyzer.SeverityWarning, analyzer.SeverityInfo} {
-		if counts[s] > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", counts[s], s))
+		switch n := counts[s]; {
+		case n == 1 || (n > 1 && s == analyzer.SeverityInfo):
+			parts = append(parts, fmt.Sprintf("%d %s", n, s))
+		case n > 1:
+			parts = append(parts, fmt.Sprintf("%d %ss", n, s))
 		}
 	}
 	return strings.Join(parts, ", ")

@@ -130,3 +130,61 @@ func TestDemoUsage(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, stderr)
 	}
 }
+
+// TestDemoStress: with --stress the legacy cache deadlocks for real and
+// hang detection catches it: a deadlock finding through vma_lock and the
+// arena, the hook's thread inside free, the other inside the cache with
+// vma_lock held; the fixed cache runs the same stress to its end. The
+// deadlock is a race: two chances.
+func TestDemoStress(t *testing.T) {
+	requireBPF(t)
+	cache := t.TempDir()
+	for attempt := 1; attempt <= 2; attempt++ {
+		start := time.Now()
+		stdout, stderr, code := hooktrace(t, nil, "demo", "--stress", "--format", "json", "--cache-dir", cache)
+		var both map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(stdout), &both); err != nil {
+			t.Fatalf("exit %d, output is not JSON: %v\n%s", code, err, stderr)
+		}
+		_, legacy := findingsOf(t, string(both["legacy"]))
+		dl := findingOfKind(legacy, analyzer.KindDeadlock)
+		if dl == nil && code == exitFindings {
+			t.Logf("attempt %d: the legacy variant did not deadlock this time", attempt)
+			continue
+		}
+		if code != 0 || dl == nil {
+			t.Fatalf("exit %d, deadlock finding %v\n%s", code, dl, stderr)
+		}
+		t.Logf("attempt %d: caught in %v", attempt, time.Since(start).Round(time.Millisecond))
+		locks := strings.Join(dl.Locks, "; ")
+		if !strings.Contains(locks, "vma_lock (librcache.so)") || !strings.Contains(locks, "glibc malloc arena") {
+			t.Errorf("deadlock locks: %v", dl.Locks)
+		}
+		for i := range dl.Edges {
+			e := &dl.Edges[i]
+			switch e.To {
+			case "vma_lock (librcache.so)":
+				if stackIndex(e, "rc_mem_cb") < 0 || stackIndex(e, "free") < stackIndex(e, "rc_intercept_madvise") {
+					t.Errorf("the hook's stack:%s", edgeStackText(e))
+				}
+			case "glibc malloc arena":
+				if stackIndex(e, "rc_register", "rc_deregister", "rc_find") < 0 {
+					t.Errorf("the vma_lock holder's stack is not in the cache:%s", edgeStackText(e))
+				}
+			default:
+				t.Errorf("edge to %q", e.To)
+			}
+		}
+		if !strings.Contains(stderr, "hooktrace: deadlock in pid") {
+			t.Errorf("stderr: %s", stderr)
+		}
+		_, fixed := findingsOf(t, string(both["fixed"]))
+		for _, f := range fixed {
+			if f.Severity == analyzer.SeverityError {
+				t.Errorf("fixed under stress: %s: %s", f.Kind, f.Title)
+			}
+		}
+		return
+	}
+	t.Fatal("the legacy variant did not deadlock in two stress demos")
+}

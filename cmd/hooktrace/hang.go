@@ -5,6 +5,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -146,4 +147,14 @@ func (s *session) waitTarget(pid int, wait func() error) (reason string, waitErr
 		}
 		return reason, nil
 	}
+}
+
+// targetExit is the target's exit code or signal, from ws once wait
+// returned; nothing after --on-hang=detach, when the target runs on (and
+// ws is not to be read: the wait is still going on).
+func (s *session) targetExit(ws *syscall.WaitStatus) (*int, string) {
+	if s.hang != nil && s.hang.Action == "detach" {
+		return nil, ""
+	}
+	return exitStatus(*ws)
 }

@@ -78,7 +78,7 @@ func runTraced(f *traceFlags, argv []string) error {
 		s.finish(waitErr.Error(), nil, "")
 		return waitErr
 	}
-	exit, sig := exitStatus(ws)
+	exit, sig := s.targetExit(&ws)
 	foot, err := s.finish(reason, exit, sig)
 	if runErr != nil {
 		return runErr

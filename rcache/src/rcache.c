@@ -57,7 +57,8 @@ static uint64_t cached;             /* registrations in the tree, under vma_lock
 
 /* Fault injection, to show that the --check test catches a cache that
  * breaks its promise: RCACHE_TEST_FAULT=ignore-releases makes the hook do
- * nothing. Never set it otherwise. */
+ * nothing. Never set it otherwise. (RCACHE_TEST_QUEUE=N, below, shrinks
+ * the deferred queue so that tests reach its overflow path.) */
 static int fault_ignore_releases;
 
 /* Unreferenced registrations stay cached (that is the point of the cache)
@@ -65,7 +66,7 @@ static int fault_ignore_releases;
 #define RC_MAX_CACHED 4096
 
 static struct {
-	atomic_ulong registrations, hits, lookups, invalidated, hook_calls, hook_deferred, overflows, evicted;
+	atomic_ulong registrations, hits, lookups, invalidated, hook_calls, hook_deferred, overflows, flushes, evicted;
 } stats;
 
 #define STAT_ADD(f) atomic_fetch_add_explicit(&stats.f, 1, memory_order_relaxed)
@@ -302,7 +303,7 @@ static void rc_node_put(rc_vma_t *n) { push_nodes(&node_pool, n, n); }
  * was taken. Their entries come from a static array (a hook may run inside
  * malloc or free and must not allocate); a hook that finds no free entry
  * sets overflow, which makes the next drain drop every registration. */
-#define RC_DEFER_SLOTS 256
+#define RC_DEFER_SLOTS 1024
 
 struct rc_deferred {
 	uintptr_t base, bound;
@@ -311,13 +312,14 @@ struct rc_deferred {
 };
 
 static struct rc_deferred deferred_slots[RC_DEFER_SLOTS];
+static int defer_slots = RC_DEFER_SLOTS; /* RCACHE_TEST_QUEUE=N uses fewer, to test overflows */
 static _Atomic(struct rc_deferred *) deferred_head;
 static atomic_int deferred_overflow;
 
 RC_EXPORT void rc_defer_invalidation(uintptr_t base, uintptr_t bound)
 {
 	STAT_ADD(hook_deferred);
-	for (int i = 0; i < RC_DEFER_SLOTS; i++) {
+	for (int i = 0; i < defer_slots; i++) {
 		struct rc_deferred *d = &deferred_slots[i];
 		int idle = 0;
 		if (!atomic_compare_exchange_strong(&d->busy, &idle, 1))
@@ -400,8 +402,10 @@ RC_EXPORT void rc_sync_locked(void)
 			atomic_store(&d->busy, 0);
 			d = next;
 		}
-		if (atomic_exchange(&deferred_overflow, 0))
+		if (atomic_exchange(&deferred_overflow, 0)) {
+			STAT_ADD(flushes);
 			rc_invalidate_locked(0, UINTPTR_MAX, 0);
+		}
 		return;
 	}
 	while (legacy_gc_nodes) {
@@ -622,6 +626,9 @@ RC_EXPORT int rc_init(enum rc_variant v)
 	variant = v;
 	const char *fault = getenv("RCACHE_TEST_FAULT");
 	fault_ignore_releases = fault && !strcmp(fault, "ignore-releases");
+	const char *queue = getenv("RCACHE_TEST_QUEUE");
+	if (queue && atoi(queue) >= 1 && atoi(queue) <= RC_DEFER_SLOTS)
+		defer_slots = atoi(queue);
 	pthread_mutexattr_t attr;
 	pthread_mutexattr_init(&attr);
 	pthread_mutexattr_settype(&attr, v == RC_LEGACY ? PTHREAD_MUTEX_RECURSIVE : PTHREAD_MUTEX_NORMAL);
@@ -696,6 +703,7 @@ RC_EXPORT void rc_get_stats(struct rc_stats *out)
 	out->hook_calls = atomic_load(&stats.hook_calls);
 	out->hook_deferred = atomic_load(&stats.hook_deferred);
 	out->overflows = atomic_load(&stats.overflows);
+	out->flushes = atomic_load(&stats.flushes);
 	out->evicted = atomic_load(&stats.evicted);
 	pthread_mutex_lock(&vma_lock);
 	out->cached = cached;

@@ -72,7 +72,8 @@ struct rc_stats {
 	uint64_t invalidated;   /* registrations dropped because memory was released */
 	uint64_t hook_calls;    /* release hooks that ran */
 	uint64_t hook_deferred; /* ... that could not take vma_lock (fixed) */
-	uint64_t overflows;     /* deferred queue full: everything was dropped */
+	uint64_t overflows;     /* hooks that found the deferred queue full */
+	uint64_t flushes;       /* ... after which every registration was dropped */
 	uint64_t evicted;
 	uint64_t cached;        /* registrations in the tree now */
 };
