@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"sort"
+	"strconv"
 
 	"github.com/hooktrace/hooktrace/events"
 )
@@ -250,16 +251,4 @@ func (p *proc) arenaLock(a *Analyzer) *instance {
 	return p.arena
 }
 
-func itoa(v uint64) string {
-	if v == 0 {
-		return "0"
-	}
-	var b [20]byte
-	i := len(b)
-	for v > 0 {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-	}
-	return string(b[i:])
-}
+func itoa(v uint64) string { return strconv.FormatUint(v, 10) }

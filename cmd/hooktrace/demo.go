@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -203,49 +202,7 @@ func traceDemoVariant(b *rcache.Built, variant string, f *demoFlags, scratch str
 // as run does, and returns the analysis (the footer already added) and
 // when the target was let go to exec (CLOCK_MONOTONIC).
 func traceCommand(f *traceFlags, argv []string) (*analyzer.Result, *events.Footer, uint64, error) {
-	s, err := newSession(f)
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	g, err := tracer.StartGated(argv)
-	if err != nil {
-		s.tr.Close()
-		return nil, nil, 0, err
-	}
-	pid := g.Cmd.Process.Pid
-	s.header.Command = argv
-	s.header.PID = uint32(pid)
-	s.header.Exe = g.Path
-	if err := s.tr.Attach(pid, g.Path); err != nil {
-		g.Abort()
-		s.tr.Close()
-		return nil, nil, 0, err
-	}
-	stop := make(chan struct{})
-	done, err := s.start(stop)
-	if err != nil {
-		g.Abort()
-		s.tr.Close()
-		return nil, nil, 0, err
-	}
-	var ws syscall.WaitStatus
-	wait := func() (err error) {
-		ws, err = g.RunToExit(s.tr.Exiting, nil)
-		return err
-	}
-	launched := monotonicNow()
-	reason, waitErr := s.waitTarget(pid, wait)
-	close(stop)
-	runErr := <-done
-	if waitErr != nil {
-		s.finish(waitErr.Error(), nil, "")
-		return nil, nil, 0, waitErr
-	}
-	exit, sig := s.targetExit(&ws)
-	foot, err := s.finish(reason, exit, sig)
-	if runErr != nil {
-		return nil, nil, 0, runErr
-	}
+	s, foot, launched, err := runGated(f, argv)
 	if err != nil {
 		return nil, nil, 0, err
 	}

@@ -8,7 +8,9 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
+	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -29,14 +31,28 @@ func newRunCmd() *cobra.Command {
 }
 
 func runTraced(f *traceFlags, argv []string) error {
-	s, err := newSession(f)
+	// The terminal's Ctrl-C reaches the target too; hooktrace waits for the
+	// target to act on it and reports what was traced.
+	signal.Ignore(os.Interrupt, syscall.SIGQUIT)
+	s, foot, _, err := runGated(f, argv)
 	if err != nil {
 		return err
+	}
+	return s.report(foot)
+}
+
+// runGated runs argv traced from its first instruction to its exit (or
+// to its hang, with hang detection) and returns the finished session, its
+// footer, and when the target was let go to exec (CLOCK_MONOTONIC).
+func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, error) {
+	s, err := newSession(f)
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	g, err := tracer.StartGated(argv)
 	if err != nil {
 		s.tr.Close()
-		return err
+		return nil, nil, 0, err
 	}
 	pid := g.Cmd.Process.Pid
 	s.header.Command = argv
@@ -45,54 +61,53 @@ func runTraced(f *traceFlags, argv []string) error {
 	if err := s.tr.Attach(pid, g.Path); err != nil {
 		g.Abort()
 		s.tr.Close()
-		return err
+		return nil, nil, 0, err
 	}
-	// The terminal's Ctrl-C reaches the target too; hooktrace waits for the
-	// target to act on it and reports what was traced.
-	signal.Ignore(os.Interrupt, syscall.SIGQUIT)
 	stop := make(chan struct{})
 	done, err := s.start(stop)
 	if err != nil {
 		g.Abort()
 		s.tr.Close()
-		return err
+		return nil, nil, 0, err
+	}
+	var onFork func(int)
+	if f.followForks {
+		// Place a child's probes before it runs its first instruction.
+		onFork = func(child int) {
+			if err := s.tr.Attach(child, ""); err != nil {
+				slog.Warn(fmt.Sprintf("following child %d: %v", child, err))
+			}
+		}
 	}
 	var ws syscall.WaitStatus
 	wait := func() (err error) {
-		var onFork func(int)
-		if f.followForks {
-			// Place a child's probes before it runs its first instruction.
-			onFork = func(child int) {
-				if err := s.tr.Attach(child, ""); err != nil {
-					slog.Warn(fmt.Sprintf("following child %d: %v", child, err))
-				}
-			}
-		}
 		ws, err = g.RunToExit(s.tr.Exiting, onFork)
 		return err
 	}
+	launched := monotonicNow()
 	reason, waitErr := s.waitTarget(pid, wait)
 	close(stop)
 	runErr := <-done
 	if waitErr != nil {
 		s.finish(waitErr.Error(), nil, "")
-		return waitErr
+		return nil, nil, 0, waitErr
 	}
 	exit, sig := s.targetExit(&ws)
 	foot, err := s.finish(reason, exit, sig)
 	if runErr != nil {
-		return runErr
+		return nil, nil, 0, runErr
 	}
 	if err != nil {
-		return err
+		return nil, nil, 0, err
 	}
-	return s.report(foot)
+	return s, foot, launched, nil
 }
 
 // exitStatus reads the target's exit code or killing signal.
 func exitStatus(ws syscall.WaitStatus) (*int, string) {
 	if ws.Signaled() {
-		return nil, ws.Signal().String()
+		// "SIGKILL", not Go's "killed": reports say "killed by SIGKILL".
+		return nil, unix.SignalName(ws.Signal())
 	}
 	code := ws.ExitStatus()
 	return &code, ""
