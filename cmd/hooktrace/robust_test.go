@@ -135,3 +135,66 @@ func TestCxxProbe(t *testing.T) {
 		t.Errorf("rc::Cache::insert: %d entries and %d exits, want 3 and 3", enters, exits)
 	}
 }
+
+// TestConstructorsAndStatic: locks taken in a constructor, before main,
+// are traced (run starts at the first instruction), in a dynamic binary
+// and in a static one whose allocator and pthreads are in the executable.
+func TestConstructorsAndStatic(t *testing.T) {
+	requireBPF(t)
+	for _, static := range []bool{false, true} {
+		name := "ctor"
+		var extra []string
+		if static {
+			name, extra = "ctor_static", []string{"-static"}
+		}
+		t.Run(name, func(t *testing.T) {
+			prog := filepath.Join(t.TempDir(), name)
+			args := append([]string{"-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", prog,
+				filepath.Join("..", "..", "testdata", "ctor.c")}, extra...)
+			if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+				t.Fatalf("gcc: %v\n%s", err, b)
+			}
+			trace := filepath.Join(t.TempDir(), "c.htr")
+			if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--", prog); code != 0 {
+				t.Fatalf("exit %d\n%s", code, stderr)
+			}
+			r, err := events.Open(trace)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			var early uint64
+			stacks := map[uint32]*events.Stack{}
+			locks, inCtor, mallocInCtor := 0, 0, 0
+			for {
+				rec, err := r.Next()
+				if err != nil {
+					break
+				}
+				switch rec.Kind {
+				case events.RecStack:
+					s := *rec.Stack
+					stacks[s.ID] = &s
+				case events.RecLockName:
+					if rec.LockName.Name == "early_lock ("+name+")" {
+						early = rec.LockName.Addr
+					}
+				case events.RecEvent:
+					e := rec.Event
+					if e.Op == events.OpMutexLock && e.Addr == early && early != 0 {
+						locks++
+						if stackHas(stacks[e.Stack], "before_main") {
+							inCtor++
+						}
+					}
+					if e.Op == events.OpMalloc && e.Size == 4321 && stackHas(stacks[e.Stack], "before_main") && e.Has(events.FlagLocksHeld) {
+						mallocInCtor++
+					}
+				}
+			}
+			if locks != 3 || inCtor != 2 || mallocInCtor != 1 {
+				t.Errorf("early_lock taken %d times (%d in the constructor), malloc(4321) under it in the constructor %d times; want 3, 2, 1", locks, inCtor, mallocInCtor)
+			}
+		})
+	}
+}
