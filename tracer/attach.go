@@ -27,10 +27,17 @@ type probeBatch struct {
 // the sites placed. A site whose code in memory is not the code in the
 // file is refused with a warning: a uprobe on a function a runtime patcher
 // has overwritten kills the process on its next call.
-func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocRange, warn func(string)) ([]link.Link, []events.ProbeSite) {
+// Sites in placed (by pid, object, offset, kind) are skipped, and the new
+// ones added to it: a re-planned process keeps its probes.
+func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocRange, placed map[string]bool, warn func(string)) ([]link.Link, []events.ProbeSite) {
 	batches := map[[2]string]*probeBatch{}
 	var order [][2]string
 	add := func(object string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
+		id := fmt.Sprintf("%d:%s:%x:%v", pid, object, addr, ret)
+		if placed[id] {
+			return
+		}
+		placed[id] = true
 		key := [2]string{object, fmt.Sprint(ret)}
 		b, ok := batches[key]
 		if !ok {
@@ -82,7 +89,7 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		}
 	}
 	var links []link.Link
-	var placed []events.ProbeSite
+	var sites []events.ProbeSite
 	for _, key := range order {
 		b := batches[key]
 		ex, err := link.OpenExecutable(b.object)
@@ -102,7 +109,7 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 			continue
 		}
 		links = append(links, l)
-		placed = append(placed, b.sites...)
+		sites = append(sites, b.sites...)
 	}
-	return links, placed
+	return links, sites
 }

@@ -92,6 +92,8 @@ func (g *Gated) Open() error {
 // target at its exit, before its memory is torn down, and calls atExit
 // there: events are read behind the target, and a short-lived one would
 // otherwise be gone, mappings and all, before its stacks are symbolized.
+// It stops the target (and followed children) at each exec, once the new
+// image is loaded and before it runs, and calls onExec there.
 // With onFork set it also stops each child the target forks at its birth
 // and calls onFork before letting it run, so that the child's own probes
 // (uprobes are per process) are in place before its first instruction;
@@ -100,7 +102,7 @@ func (g *Gated) Open() error {
 // The stops are ptrace's (PTRACE_SEIZE, which does not stop the target
 // and passes signals on untouched); a target that cannot be seized runs
 // without them.
-func (g *Gated) RunToExit(atExit, onFork func(pid int)) (syscall.WaitStatus, error) {
+func (g *Gated) RunToExit(atExit, onFork, onExec func(pid int)) (syscall.WaitStatus, error) {
 	type result struct {
 		ws  syscall.WaitStatus
 		err error
@@ -111,7 +113,7 @@ func (g *Gated) RunToExit(atExit, onFork func(pid int)) (syscall.WaitStatus, err
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		target := g.Cmd.Process.Pid
-		opts := uintptr(unix.PTRACE_O_TRACEEXIT)
+		opts := uintptr(unix.PTRACE_O_TRACEEXIT | unix.PTRACE_O_TRACEEXEC)
 		if onFork != nil {
 			opts |= unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK
 		}
@@ -153,6 +155,12 @@ func (g *Gated) RunToExit(atExit, onFork func(pid int)) (syscall.WaitStatus, err
 			switch event := int(ws) >> 16; {
 			case event == unix.PTRACE_EVENT_EXIT:
 				atExit(pid)
+			case event == unix.PTRACE_EVENT_EXEC:
+				// The new image is loaded and has not run: place the
+				// probes it needs (the gate's own exec included).
+				if onExec != nil {
+					onExec(pid)
+				}
 			case event == unix.PTRACE_EVENT_FORK || event == unix.PTRACE_EVENT_VFORK:
 				if child, err := unix.PtraceGetEventMsg(pid); err == nil {
 					follow(int(child))

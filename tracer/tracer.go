@@ -75,7 +75,8 @@ type Tracer struct {
 	conv      *converter
 	lostSeen  uint64
 	allocator string
-	attached  map[int]bool // processes whose probes are placed
+	attached  map[int]bool    // processes whose probes are placed
+	placed    map[string]bool // pid:object:offset:ret of every probe placed
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
@@ -188,6 +189,28 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
 		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
 	}
+	return t.place(pid, exe)
+}
+
+// Exec places the probes pid's new image needs, called while pid is held
+// at its exec (run holds it there): the new program may take its
+// allocator or pthreads from other objects than the old one (a shell
+// script, env LD_PRELOAD=..., an MPI launcher exec'ing the rank). Sites
+// already placed are kept.
+func (t *Tracer) Exec(pid int) {
+	t.mu.Lock()
+	known := t.attached[pid]
+	t.mu.Unlock()
+	if !known {
+		return
+	}
+	if err := t.place(pid, ""); err != nil {
+		t.opts.Warn(fmt.Sprintf("placing probes after pid %d's exec: %v", pid, err))
+	}
+}
+
+// place plans and attaches pid's probe sites.
+func (t *Tracer) place(pid int, exe string) error {
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
 	if t.opts.Floor {
 		prog, retProg = t.objs.UprobeFloor, nil
@@ -201,11 +224,16 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if alloc != nil {
 		t.allocator = alloc.name
 	}
-	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.opts.Warn)
+	t.mu.Lock()
+	if t.placed == nil {
+		t.placed = map[string]bool{}
+	}
+	t.mu.Unlock()
+	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.placed, t.opts.Warn)
 	t.mu.Lock()
 	t.links = append(t.links, links...)
-	t.mu.Unlock()
 	t.sites = append(t.sites, sites...)
+	t.mu.Unlock()
 	return nil
 }
 

@@ -56,6 +56,7 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 		s.tr.Close()
 		return err
 	}
+	s.header.Allocator = s.tr.Allocator()
 	stop := make(chan struct{})
 	done, err := s.start(stop)
 	if err != nil {

@@ -198,3 +198,39 @@ func TestConstructorsAndStatic(t *testing.T) {
 		})
 	}
 }
+
+// TestPreloadedJemalloc: with jemalloc preloaded, malloc is jemalloc's (the
+// first definition in the loader's search order), every call is traced
+// there, and the trace says which allocator it is.
+func TestPreloadedJemalloc(t *testing.T) {
+	requireBPF(t)
+	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	if _, err := os.Stat(je); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("libjemalloc2 is not installed: %v", err)
+		}
+		t.Skip("libjemalloc2 is not installed")
+	}
+	trace := filepath.Join(t.TempDir(), "je.htr")
+	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "-o", trace, "--", buildC(t, "mallocs"))
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	evs, stacks, r := readTrace(t, trace)
+	if h := r.Header(); h == nil || h.Allocator != "jemalloc" {
+		t.Errorf("header allocator: %+v", h)
+	}
+	n := 0
+	for _, e := range evs {
+		if e.Op == events.OpMalloc && e.Size == 777 {
+			n++
+			if s := stacks[e.Stack]; s == nil || len(s.Frames) == 0 || !strings.Contains(s.Frames[0].Object, "jemalloc") {
+				t.Fatalf("malloc(777) not in jemalloc:%s", stackString(s))
+			}
+		}
+	}
+	if n != 10000 {
+		t.Errorf("malloc(777) in jemalloc: %d events, want 10000", n)
+	}
+}

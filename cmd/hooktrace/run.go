@@ -63,6 +63,7 @@ func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, e
 		s.tr.Close()
 		return nil, nil, 0, err
 	}
+	s.header.Allocator = s.tr.Allocator()
 	stop := make(chan struct{})
 	done, err := s.start(stop)
 	if err != nil {
@@ -81,7 +82,7 @@ func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, e
 	}
 	var ws syscall.WaitStatus
 	wait := func() (err error) {
-		ws, err = g.RunToExit(s.tr.Exiting, onFork)
+		ws, err = g.RunToExit(s.tr.Exiting, onFork, s.tr.Exec)
 		return err
 	}
 	launched := monotonicNow()
