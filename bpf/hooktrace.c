@@ -257,9 +257,15 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
 #define RB_FORCE_WAKEUP 2 /* BPF_RB_FORCE_WAKEUP */
 #define RB_AVAIL_DATA 0   /* BPF_RB_AVAIL_DATA */
 
+#define RB_RING_SIZE 1 /* BPF_RB_RING_SIZE */
+
 static __always_inline __u64 ring_flags(void)
 {
-	return bpf_ringbuf_query(&ring, RB_AVAIL_DATA) >= WAKE_BYTES ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+	/* A small ring must not fill before the batch would wake the reader. */
+	__u64 wake = bpf_ringbuf_query(&ring, RB_RING_SIZE) / 4;
+	if (wake > WAKE_BYTES)
+		wake = WAKE_BYTES;
+	return bpf_ringbuf_query(&ring, RB_AVAIL_DATA) >= wake ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
 }
 
 /* The frame-pointer chain from (ip, fp) into ips (MAX_FRAMES slots), read

@@ -176,11 +176,11 @@ func traceDemoVariant(b *rcache.Built, variant string, f *demoFlags, scratch str
 	}
 	argv = append(argv, "--seconds", fmt.Sprint(secs))
 	tf := &traceFlags{
-		mode:    tracer.ModeAggregate,
-		ringMiB: ring,
-		format:  "json",
-		failOn:  "none",
-		hang:    hangFlags{timeout: f.hangTimeout, onHang: "kill"},
+		mode:     tracer.ModeAggregate,
+		ringSize: fmt.Sprintf("%dM", ring),
+		format:   "json",
+		failOn:   "none",
+		hang:     hangFlags{timeout: f.hangTimeout, onHang: "kill"},
 	}
 	if f.traceDir != "" {
 		tf.output = filepath.Join(f.traceDir, variant+".htr")

@@ -234,3 +234,29 @@ func TestPreloadedJemalloc(t *testing.T) {
 		t.Errorf("malloc(777) in jemalloc: %d events, want 10000", n)
 	}
 }
+
+// TestLostEventsReported: a ring buffer too small for the event rate drops
+// records; the drops are counted, stored in the footer, and every report
+// says the analysis is incomplete rather than clean.
+func TestLostEventsReported(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "mallocs")
+	trace := filepath.Join(t.TempDir(), "lossy.htr")
+	stdout, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "--ring", "4K", "--fail-on", "none",
+		"--format", "json", "-o", trace, "--", prog)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	rep := parseReport(t, stdout)
+	if rep.Stats.LostEvents == 0 || rep.Stats.Complete {
+		t.Fatalf("a 4K ring under 40,000 events: lost %d, complete %v", rep.Stats.LostEvents, rep.Stats.Complete)
+	}
+	_, _, r := readTrace(t, trace)
+	if f := r.Footer(); f == nil || f.Lost != rep.Stats.LostEvents {
+		t.Errorf("footer lost events %+v, report %d", f, rep.Stats.LostEvents)
+	}
+	text, _, _ := hooktrace(t, nil, "analyze", "--fail-on", "none", trace)
+	if !strings.Contains(text, "INCOMPLETE") {
+		t.Errorf("text report does not say INCOMPLETE:\n%s", text)
+	}
+}

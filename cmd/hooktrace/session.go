@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,7 +24,7 @@ type traceFlags struct {
 	followForks bool
 	probes      []string
 	forbid      []string
-	ringMiB     int
+	ringSize    string
 	noSamples   bool
 	format      string
 	failOn      string
@@ -38,7 +39,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
 	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
-	fl.IntVar(&f.ringMiB, "ring-mib", 16, "ring buffer size in MiB (a power of two)")
+	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K (K and M suffixes)")
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
 	fl.StringVarP(&f.format, "format", "f", "text", formatHelp)
 	fl.StringVar(&f.failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
@@ -90,13 +91,14 @@ func newSession(f *traceFlags) (*session, error) {
 	if err := f.rep.check(f.format, f.failOn); err != nil {
 		return nil, err
 	}
-	if f.ringMiB <= 0 || f.ringMiB&(f.ringMiB-1) != 0 {
-		return nil, usageError{fmt.Errorf("--ring-mib %d: want a power of two", f.ringMiB)}
+	ring, err := parseRingSize(f.ringSize)
+	if err != nil {
+		return nil, usageError{err}
 	}
 	tr, err := tracer.New(tracer.Options{
 		Mode:        f.mode,
 		FollowForks: f.followForks,
-		RingBytes:   f.ringMiB << 20,
+		RingBytes:   ring,
 		NoSamples:   f.noSamples,
 		UserProbes:  probes,
 		Forbid:      f.forbid,
@@ -292,4 +294,22 @@ func monotonicNow() uint64 {
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return uint64(ts.Nano())
+}
+
+// parseRingSize reads --ring: a power of two from a page (4K) up, with an
+// optional K or M suffix.
+func parseRingSize(v string) (int, error) {
+	n, unit := v, 1
+	switch {
+	case strings.HasSuffix(v, "K"):
+		n, unit = strings.TrimSuffix(v, "K"), 1<<10
+	case strings.HasSuffix(v, "M"):
+		n, unit = strings.TrimSuffix(v, "M"), 1<<20
+	}
+	size, err := strconv.Atoi(n)
+	size *= unit
+	if err != nil || size < 4096 || size > 1<<30 || size&(size-1) != 0 {
+		return 0, fmt.Errorf("--ring %q: want a power of two from 4K to 1024M", v)
+	}
+	return size, nil
 }
