@@ -87,10 +87,13 @@ struct {
 	__type(value, __u64);
 } seen_acq SEC(".maps");
 
+/* Per-thread state in task-local storage: found from the task itself,
+ * cheaper than a hash lookup by TID on every probe hit, and freed with the
+ * task. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
@@ -188,16 +191,14 @@ static __always_inline void count_lost(__u32 type)
 #define COOKIE_RANGE_BACK(c) (((c) >> 32) & 0xffffff)
 #define COOKIE_RANGE_LEN(c) ((((c) >> 56) & 0xff) << 16)
 
-static const struct thread_state zero_state;
-
-static __always_inline struct thread_state *thread_get(__u32 tid)
+static __always_inline struct thread_state *thread_get(void)
 {
-	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
-	if (st)
-		return st;
-	/* Too large for the BPF stack: insert from a zeroed global. */
-	bpf_map_update_elem(&threads, &tid, &zero_state, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&threads, &tid);
+	return bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+}
+
+static __always_inline struct thread_state *thread_find(void)
+{
+	return bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
 }
 
 /* Whether a return address into the allocator lies on the live stack
@@ -595,10 +596,9 @@ int uprobe_hook(struct pt_regs *ctx)
 	__u64 sp = PT_REGS_SP(ctx);
 	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
 
 	count_call(op);
-	struct thread_state *st = thread_get(tid);
+	struct thread_state *st = thread_get();
 	if (!st)
 		return 0;
 
@@ -779,8 +779,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 op = COOKIE_OP(cookie);
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
+	struct thread_state *st = thread_find();
 	if (!st)
 		return 0;
 	if (st->uret_pending > 0)
@@ -877,7 +876,7 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	struct pt_regs r = {};
 	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
 		return 0;
-	struct thread_state *st = thread_get((__u32)id);
+	struct thread_state *st = thread_get();
 	if (!st)
 		return 0;
 	struct event ev, *e = &ev;
@@ -952,7 +951,6 @@ int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 	__u32 tid = (__u32)id;
 	if (!is_traced(pid))
 		return 0;
-	bpf_map_delete_elem(&threads, &tid);
 	if (pid == tid)
 		bpf_map_delete_elem(&alloc_ranges, &pid);
 	count_call(OP_THREAD_EXIT);
