@@ -948,17 +948,20 @@ int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	__u32 tid = (__u32)id;
 	if (!is_traced(pid))
 		return 0;
-	if (pid == tid)
-		bpf_map_delete_elem(&alloc_ranges, &pid);
 	count_call(OP_THREAD_EXIT);
 	struct event ev, *e = &ev;
 	event_init(e, OP_THREAD_EXIT, id);
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	e->ret = BPF_CORE_READ(task, exit_code);
 	event_send(e);
+	/* The last thread is going: the PID may be reused by a process we must
+	 * not trace. */
+	if (BPF_CORE_READ(task, signal, live.counter) == 0) {
+		bpf_map_delete_elem(&alloc_ranges, &pid);
+		bpf_map_delete_elem(&traced, &pid);
+	}
 	return 0;
 }
 

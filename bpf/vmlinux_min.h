@@ -33,10 +33,19 @@ struct pt_regs {
 	unsigned long ss;
 };
 
+typedef struct {
+	int counter;
+} atomic_t;
+
+struct signal_struct {
+	atomic_t live; /* threads still running; 0 once the last is exiting */
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int exit_code;
 	int pid;
 	int tgid;
+	struct signal_struct *signal;
 } __attribute__((preserve_access_index));
 
 #endif
