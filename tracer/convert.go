@@ -299,7 +299,7 @@ func (c *converter) sendStack(p *procState, frames []events.Frame, truncated boo
 }
 
 func (c *converter) emitLost(n uint64) error {
-	return c.send(&events.Record{Kind: events.RecLost, Lost: events.Lost{Time: monotonicNow(), Count: n}})
+	return c.send(&events.Record{Kind: events.RecLost, Lost: events.Lost{Time: MonotonicNow(), Count: n}})
 }
 
 func (c *converter) send(r *events.Record) error {

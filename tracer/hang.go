@@ -292,7 +292,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize
 		return nil
 	}
 	h := &events.Hang{
-		Time:    monotonicNow(),
+		Time:    MonotonicNow(),
 		PID:     uint32(w.pid),
 		Timeout: uint64(w.opts.Timeout),
 		Action:  w.opts.Action,

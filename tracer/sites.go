@@ -1,7 +1,6 @@
 package tracer
 
 import (
-	"bufio"
 	"debug/elf"
 	"fmt"
 	"os"
@@ -73,7 +72,10 @@ type site struct {
 // preloaded or linked-in allocator wins over glibc's), and the offset to
 // probe at.
 func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func(string)) ([]site, error) {
-	objs, err := searchOrder(pid, exe)
+	// One read of the mappings serves the search order and every site's
+	// live address; a child not yet exec'd maps none of the target's.
+	maps, _ := symbolize.ReadMaps(pid)
+	objs, err := searchOrder(pid, exe, maps)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +157,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 		if goTarget {
 			s.fn.ret = false
 		}
-		s.live = liveAddress(pid, s.object, s.sym.Offset)
+		s.live = liveAddress(maps, s.object, s.sym.Offset)
 	}
 	return plan, nil
 }
@@ -165,7 +167,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 // breadth first, as `ld.so --list` prints them; then anything else mapped
 // (dlopen'ed). For a gated child the executable is exe; for a running
 // process it is /proc/PID/exe and its environment is the process's.
-func searchOrder(pid int, exe string) ([]string, error) {
+func searchOrder(pid int, exe string, maps symbolize.Maps) ([]string, error) {
 	var env []string
 	if exe == "" {
 		p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
@@ -206,7 +208,7 @@ func searchOrder(pid int, exe string) ([]string, error) {
 		}
 	}
 	if exe != "" && pid > 0 {
-		for _, p := range mappedObjects(pid) {
+		for _, p := range mappedObjects(maps) {
 			add(p)
 		}
 	}
@@ -264,47 +266,23 @@ func loaderEnv(pid int) []string {
 	return env
 }
 
-// mappedObjects lists the files pid maps executable, in address order.
-func mappedObjects(pid int) []string {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
+// mappedObjects lists the files mapped executable, in address order.
+func mappedObjects(maps symbolize.Maps) []string {
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.SplitN(sc.Text(), " ", 6)
-		if len(fields) < 6 || !strings.Contains(fields[1], "x") {
-			continue
-		}
-		path := strings.TrimSpace(fields[5])
-		if strings.HasPrefix(path, "/") {
-			out = append(out, strings.TrimSuffix(path, " (deleted)"))
+	for _, m := range maps {
+		if m.IsFile() && m.Executable() {
+			out = append(out, m.Path)
 		}
 	}
 	return out
 }
 
-// liveAddress is where the file offset off of object is mapped in pid, or
-// 0 when it is not mapped (yet).
-func liveAddress(pid int, object string, off uint64) uint64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var lo, hi, foff uint64
-		var perms, dev, path string
-		var inode uint64
-		n, _ := fmt.Sscanf(sc.Text(), "%x-%x %s %x %s %d %s", &lo, &hi, &perms, &foff, &dev, &inode, &path)
-		if n < 7 || path != object {
-			continue
-		}
-		if off >= foff && off < foff+(hi-lo) {
-			return lo + off - foff
+// liveAddress is where the file offset off of object is mapped, or 0 when
+// it is not mapped (yet).
+func liveAddress(maps symbolize.Maps, object string, off uint64) uint64 {
+	for _, m := range maps {
+		if m.Path == object && off >= m.Offset && off < m.Offset+(m.End-m.Start) {
+			return m.Start + off - m.Offset
 		}
 	}
 	return 0

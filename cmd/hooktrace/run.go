@@ -85,7 +85,7 @@ func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, e
 		ws, err = g.RunToExit(s.tr.Exiting, onFork, s.tr.Exec)
 		return err
 	}
-	launched := monotonicNow()
+	launched := tracer.MonotonicNow()
 	reason, waitErr := s.waitTarget(pid, wait)
 	close(stop)
 	runErr := <-done

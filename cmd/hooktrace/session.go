@@ -115,7 +115,7 @@ func newSession(f *traceFlags) (*session, error) {
 		Kernel:     kernelRelease(),
 		Clock:      "CLOCK_MONOTONIC",
 		StartUnix:  time.Now().UnixNano(),
-		StartNS:    monotonicNow(),
+		StartNS:    tracer.MonotonicNow(),
 		Mode:       f.mode,
 		UserProbes: probes,
 		Forbid:     f.forbid,
@@ -146,7 +146,7 @@ func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
 func (s *session) finish(reason string, exit *int, signal string) (*events.Footer, error) {
 	s.status.stop()
 	foot := &events.Footer{
-		EndNS:      monotonicNow(),
+		EndNS:      tracer.MonotonicNow(),
 		Events:     s.tr.Events(),
 		Lost:       s.tr.Lost(),
 		Calls:      s.tr.Calls(),
@@ -288,12 +288,6 @@ func kernelRelease() string {
 		return ""
 	}
 	return unix.ByteSliceToString(u.Release[:])
-}
-
-func monotonicNow() uint64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
 }
 
 // parseRingSize reads --ring: a power of two from a page (4K) up, with an
