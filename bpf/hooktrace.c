@@ -53,6 +53,14 @@ static __always_inline int is_traced(__u32 pid)
 	return v && *v == TRACED;
 }
 
+/* The calling task's pid_tgid in *id, and whether tracing is on and the
+ * task's process is traced: the raw tracepoints fire for every task. */
+static __always_inline int current_traced(__u64 *id)
+{
+	*id = bpf_get_current_pid_tgid();
+	return tracing_on && is_traced(*id >> 32);
+}
+
 struct thread_state {
 	__u64 alloc_sp;  /* where the outermost live allocator call's return address is */
 	__u64 alloc_ret; /* ... and that return address */
@@ -844,12 +852,10 @@ int uprobe_floor(struct pt_regs *ctx)
 SEC("raw_tracepoint/sys_enter")
 int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
-	if (!tracing_on)
+	__u64 id;
+	if (!current_traced(&id))
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!is_traced(pid))
-		return 0;
 	long nr = ctx->args[1];
 	__u32 op;
 	switch (nr) {
@@ -944,12 +950,10 @@ int sched_fork(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tracepoint/sched_process_exit")
 int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 {
-	if (!tracing_on)
+	__u64 id;
+	if (!current_traced(&id))
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!is_traced(pid))
-		return 0;
 	count_call(OP_THREAD_EXIT);
 	struct event ev, *e = &ev;
 	event_init(e, OP_THREAD_EXIT, id);
