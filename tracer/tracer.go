@@ -296,14 +296,25 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 	defer close(done)
 	var rec ringbuf.Record
 	lostTick := time.Now()
-	for {
-		// The kernel wakes the reader only once a batch is waiting
-		// (WAKE_BYTES in hooktrace.c): poll for the rest.
-		t.rd.SetDeadline(time.Now().Add(pollInterval))
+	reportLost := func() error {
+		if time.Since(lostTick) < time.Second {
+			return nil
+		}
+		lostTick = time.Now()
+		return t.reportLost()
+	}
+	// The kernel wakes the reader only once a batch is waiting
+	// (WAKE_BYTES in hooktrace.c): poll for the rest. The deadline is
+	// renewed when it fires on an empty ring, not for every record.
+	t.rd.SetDeadline(time.Now().Add(pollInterval))
+	for n := 1; ; n++ {
 		err := t.rd.ReadInto(&rec)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			err = nil
-			rec.RawSample = rec.RawSample[:0]
+			t.rd.SetDeadline(time.Now().Add(pollInterval))
+			if err := reportLost(); err != nil {
+				return err
+			}
+			continue
 		}
 		if err != nil {
 			if errors.Is(err, ringbuf.ErrFlushed) || errors.Is(err, ringbuf.ErrClosed) {
@@ -311,14 +322,11 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 			}
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
-		if len(rec.RawSample) > 0 {
-			if err := t.conv.raw(rec.RawSample); err != nil {
-				return err
-			}
+		if err := t.conv.raw(rec.RawSample); err != nil {
+			return err
 		}
-		if time.Since(lostTick) > time.Second {
-			lostTick = time.Now()
-			if err := t.reportLost(); err != nil {
+		if n%4096 == 0 {
+			if err := reportLost(); err != nil {
 				return err
 			}
 		}
