@@ -18,12 +18,15 @@ generate:
 
 # The committed objects must be what the committed C produces.
 check-generated: generate
-	git diff --exit-code -- tracer/hooktrace_bpfel.go tracer/hooktrace_bpfel.o
+	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	# Tracing is x86-64 Linux; reading traces works everywhere.
+	GOOS=darwin $(GO) build -o /dev/null ./cmd/hooktrace
 	GOOS=darwin $(GO) build ./events ./analyzer ./reports
+	GOARCH=arm64 $(GO) build ./...
 
 # The test command (README, .ci/run): eBPF tests need root; with CI set they
 # fail instead of skipping when eBPF is unavailable.

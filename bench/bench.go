@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package bench measures what tracing costs a multi-threaded malloc + mutex
 // workload: untraced, under hooktrace (aggregate and full modes), and under
 // two floors — the same probe sites attached to a BPF program that only

@@ -8,6 +8,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include <asm/unistd_64.h>
 #include "hooktrace.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -26,16 +27,12 @@ volatile __u32 tracing_on = 0;
  * not exec'd its target yet: its own start-up is not the target's). uprobes
  * are PID-filtered by the kernel; the raw tracepoints are global and filter
  * here. */
-#define TRACED 1
-#define GATED 2
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u8);
 } traced SEC(".maps");
-
-#define MAX_HELD 8
 
 /* A lock the thread holds, as the probes saw it taken. */
 struct held_lock {
@@ -130,7 +127,7 @@ struct {
 /* Records the ring buffer had no room for, by record type. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 4);
+	__uint(max_entries, REC_SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
 } lost SEC(".maps");
@@ -187,17 +184,6 @@ static __always_inline void count_lost(__u32 type)
 {
 	count(&type, &lost);
 }
-
-/* The cookie of a uprobe: op in the low 16 bits, the stack adjustment at the
- * probe site (bytes pushed since the function's entry) above it. Allocator
- * probes also carry where the allocator's code lies relative to the probe:
- * the distance back to its start (24 bits) and its length in 64 KiB units
- * (8 bits), so the range is known from the first call, before user space
- * could read the process's maps. Other probes carry a user-probe index. */
-#define COOKIE_OP(c) ((__u32)((c)&0xffff))
-#define COOKIE_ADJ(c) ((__u32)(((c) >> 16) & 0xffff))
-#define COOKIE_RANGE_BACK(c) (((c) >> 32) & 0xffffff)
-#define COOKIE_RANGE_LEN(c) ((((c) >> 56) & 0xff) << 16)
 
 static __always_inline struct thread_state *thread_get(void)
 {
@@ -262,19 +248,14 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
  * rest: a wake-up per record (an irq_work, an IPI in a VM) costs more than
  * the record. */
 #define WAKE_BYTES (256 << 10)
-#define RB_NO_WAKEUP 1    /* BPF_RB_NO_WAKEUP */
-#define RB_FORCE_WAKEUP 2 /* BPF_RB_FORCE_WAKEUP */
-#define RB_AVAIL_DATA 0   /* BPF_RB_AVAIL_DATA */
-
-#define RB_RING_SIZE 1 /* BPF_RB_RING_SIZE */
 
 static __always_inline __u64 ring_flags(void)
 {
 	/* A small ring must not fill before the batch would wake the reader. */
-	__u64 wake = bpf_ringbuf_query(&ring, RB_RING_SIZE) / 4;
+	__u64 wake = bpf_ringbuf_query(&ring, BPF_RB_RING_SIZE) / 4;
 	if (wake > WAKE_BYTES)
 		wake = WAKE_BYTES;
-	return bpf_ringbuf_query(&ring, RB_AVAIL_DATA) >= wake ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+	return bpf_ringbuf_query(&ring, BPF_RB_AVAIL_DATA) >= wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
 /* The frame-pointer chain from (ip, fp) into ips (MAX_FRAMES slots), read
@@ -436,12 +417,17 @@ static __always_inline void event_send(struct event *e)
 		count_lost(REC_EVENT);
 }
 
-/* A mutex's type, from __kind (offset 16 on x86-64 glibc); 0 for others. */
+static __always_inline int is_mutex(__u32 op)
+{
+	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
+}
+
+/* A mutex's type, from glibc's __kind; 0 for other locks. */
 static __always_inline __u32 mutex_kind(__u32 op, __u64 lock)
 {
 	__u32 kind = 0;
-	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
-		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + 16));
+	if (is_mutex(op))
+		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + GLIBC_MUTEX_KIND_OFFSET));
 	return kind;
 }
 
@@ -556,11 +542,6 @@ static __always_inline void alloc_context(struct event *e, struct thread_state *
 		return;
 	e->flags |= F_IN_ALLOC;
 	e->addr2 = st->alloc_op | ((__u64)st->alloc_seq << 16);
-}
-
-static __always_inline int is_mutex(__u32 op)
-{
-	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
 }
 
 static __always_inline int is_try_or_timed(__u32 op)
@@ -687,7 +668,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		flush_held(st, id);
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
-		e->arg = cookie >> 32;
+		e->arg = COOKIE_USER(cookie);
 		alloc_context(e, st, sp);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
@@ -798,7 +779,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->flags |= F_RETURN;
-		e->arg = cookie >> 32;
+		e->arg = COOKIE_USER(cookie);
 		e->ret = ret;
 		event_send(e);
 		return 0;
@@ -822,11 +803,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 		e->flags |= F_ACQUIRED;
 		st->held++;
 	}
-	if (is_mutex(op)) {
-		__u32 kind = 0;
-		bpf_probe_read_user(&kind, sizeof(kind), (void *)(e->addr + 16));
-		e->arg = kind;
-	}
+	e->arg = mutex_kind(op, e->addr);
 	if (st->held > 1 || ((e->flags & F_ACQUIRED) == 0 && st->held > 0))
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, sp);
@@ -859,19 +836,19 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	long nr = ctx->args[1];
 	__u32 op;
 	switch (nr) {
-	case 9:
+	case __NR_mmap:
 		op = OP_MMAP;
 		break;
-	case 11:
+	case __NR_munmap:
 		op = OP_MUNMAP;
 		break;
-	case 12:
+	case __NR_brk:
 		op = OP_BRK;
 		break;
-	case 25:
+	case __NR_mremap:
 		op = OP_MREMAP;
 		break;
-	case 28:
+	case __NR_madvise:
 		op = OP_MADVISE;
 		break;
 	default:
@@ -990,7 +967,15 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-/* Keep the record types in BTF for bpf2go's generated Go types. */
+/* Keep the record types and the contract's enums in BTF for bpf2go's
+ * generated Go types. */
 const struct event *unused_event __attribute__((unused));
 const struct stack *unused_stack __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
+const enum limits *unused_limits __attribute__((unused));
+const enum rec_type *unused_rec_type __attribute__((unused));
+const enum trace_state *unused_trace_state __attribute__((unused));
+const enum op *unused_op __attribute__((unused));
+const enum event_flag *unused_event_flag __attribute__((unused));
+const enum cookie_layout *unused_cookie_layout __attribute__((unused));
+const enum glibc_layout *unused_glibc_layout __attribute__((unused));

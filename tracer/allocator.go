@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -86,18 +88,19 @@ func allocatorName(object string) string {
 	return strings.SplitN(base, ".so", 2)[0]
 }
 
-// cookieRange encodes, for an allocator probe at file offset off, where
-// the allocator's code lies relative to it (see COOKIE_RANGE_* in BPF).
-func (r *allocRange) cookieRange(off uint64) uint64 {
+// cookieRange sets, for an allocator probe at file offset off, where the
+// allocator's code lies relative to it (see COOKIE_RANGE_* in BPF); it
+// leaves c alone when the range does not fit the cookie's fields.
+func (r *allocRange) cookieRange(c *probeCookie, off uint64) {
 	if r == nil || r.object == "" || off < r.lo {
-		return 0
+		return
 	}
 	back := off - r.lo
-	units := (r.hi - r.lo + 0xffff) >> 16
-	if back >= 1<<24 || units == 0 || units >= 1<<8 {
-		return 0
+	units := (r.hi - r.lo + 1<<cookieLenUnit - 1) >> cookieLenUnit
+	if back >= 1<<cookieBackBits || units == 0 || units >= 1<<cookieLenBits {
+		return
 	}
-	return back<<32 | units<<56
+	c.back, c.length = uint32(back), uint32(units)
 }
 
 // contains reports whether runtime address pc, in maps, is allocator code.

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -64,27 +66,27 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		}
 		op := s.fn.op
 		offset := uint64(s.choice.Offset)
-		cookie := uint64(op) | uint64(s.choice.StackAdjust)<<16
+		cookie := probeCookie{op: op, adj: uint16(s.choice.StackAdjust)}
 		note := s.choice.Note
 		if s.userIdx >= 0 {
-			cookie |= uint64(s.userIdx) << 32
+			cookie.user = uint32(s.userIdx)
 		} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
-			cookie |= alloc.cookieRange(s.sym.Offset + offset)
+			alloc.cookieRange(&cookie, s.sym.Offset+offset)
 		}
 		if s.fn.ret {
 			// The return probe hooks the entry; the entry probe goes there
 			// too, where the arguments are as the caller passed them.
 			offset, note = 0, "entry: a return probe is placed here anyway"
-			cookie = uint64(op) | uint64(s.userIdx&0xffffffff)<<32
+			cookie = probeCookie{op: op, user: uint32(s.userIdx)}
 		}
-		add(s.object, false, s.sym.Offset+offset, cookie, events.ProbeSite{Name: s.fn.name, Object: s.object,
+		add(s.object, false, s.sym.Offset+offset, cookie.encode(), events.ProbeSite{Name: s.fn.name, Object: s.object,
 			Offset: offset, Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
 		if s.fn.ret && retProg != nil {
 			retOp := op
 			if op == events.OpProbeEnter {
 				retOp = events.OpProbeExit
 			}
-			add(s.object, true, s.sym.Offset, uint64(retOp)|uint64(s.userIdx&0xffffffff)<<32,
+			add(s.object, true, s.sym.Offset, probeCookie{op: retOp, user: uint32(s.userIdx)}.encode(),
 				events.ProbeSite{Name: s.fn.name, Object: s.object, Address: s.sym.Value, Kind: "uretprobe"})
 		}
 	}

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -156,17 +158,17 @@ func (c *converter) raw(b []byte) error {
 		return fmt.Errorf("ring buffer record of %d bytes", len(b))
 	}
 	switch binary.LittleEndian.Uint32(b) {
-	case 1:
+	case uint32(hooktraceRecTypeREC_EVENT):
 		if len(b) < sizeEvent {
 			return fmt.Errorf("short event record: %d bytes", len(b))
 		}
 		return c.event((*hooktraceEvent)(unsafe.Pointer(&b[0])))
-	case 2:
+	case uint32(hooktraceRecTypeREC_STACK):
 		if len(b) < sizeStack {
 			return fmt.Errorf("short stack record: %d bytes", len(b))
 		}
 		return c.stack((*hooktraceStack)(unsafe.Pointer(&b[0])))
-	case 3:
+	case uint32(hooktraceRecTypeREC_SAMPLE):
 		if len(b) < sizeSample {
 			return fmt.Errorf("short sample record: %d bytes", len(b))
 		}

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
@@ -80,7 +84,6 @@ const (
 	futexWaitBitset  = 9
 	futexLockPI2     = 13
 	futexCmdMask     = 0x7f
-	sysFutex         = 202
 	futexTIDMask     = 0x3fffffff
 	glibcHeapMaxSize = 64 << 20 // HEAP_MAX_SIZE on 64-bit: non-main heaps are aligned to it
 )
@@ -202,7 +205,7 @@ func sampleWait(pid, tid int) (*waitSample, bool) {
 		return nil, false
 	}
 	nr, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil || nr != sysFutex {
+	if err != nil || nr != unix.SYS_FUTEX {
 		return nil, false
 	}
 	var v [9]uint64
@@ -342,10 +345,11 @@ func classifyWait(t *blockedThread, readMem func(uint64, int) []byte, mainArena 
 			t.ownerFrom = "the PI mutex's futex word"
 		}
 	case inMutexLock(t.stack):
-		// pthread_mutex_t on x86-64 glibc: __lock at 0, __owner at 8.
-		if b := readMem(t.uaddr, 12); len(b) == 12 {
+		// pthread_mutex_t on x86-64 glibc: __lock at 0, then __owner.
+		const owner = int(hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET)
+		if b := readMem(t.uaddr, owner+4); len(b) == owner+4 {
 			t.kind = "mutex"
-			t.owner = binary.LittleEndian.Uint32(b[8:])
+			t.owner = binary.LittleEndian.Uint32(b[owner:])
 			t.ownerFrom = "the mutex's __owner"
 		}
 	case mainArena(t.uaddr):

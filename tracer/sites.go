@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -22,38 +24,48 @@ type probeFunc struct {
 }
 
 // The return probe is placed only where the result matters: whether a try
-// or timed lock was taken, and when cond_wait takes its mutex back.
-var probeFuncs = []probeFunc{
-	{"malloc", events.OpMalloc, 1, false},
-	{"calloc", events.OpCalloc, 2, false},
-	{"realloc", events.OpRealloc, 2, false},
-	{"free", events.OpFree, 1, false},
-	{"posix_memalign", events.OpPosixMemalign, 3, false},
-	{"aligned_alloc", events.OpAlignedAlloc, 2, false},
-	{"memalign", events.OpMemalign, 2, false},
-	{"valloc", events.OpValloc, 1, false},
-	{"pvalloc", events.OpPvalloc, 1, false},
-	{"pthread_mutex_lock", events.OpMutexLock, 1, false},
-	{"pthread_mutex_trylock", events.OpMutexTrylock, 1, true},
-	{"pthread_mutex_timedlock", events.OpMutexTimedlock, 1, true},
-	{"pthread_mutex_clocklock", events.OpMutexClocklock, 1, true},
-	{"pthread_mutex_unlock", events.OpMutexUnlock, 1, false},
-	{"pthread_mutex_init", events.OpMutexInit, 1, false},
-	{"pthread_mutex_destroy", events.OpMutexDestroy, 1, false},
-	{"pthread_rwlock_rdlock", events.OpRwlockRdlock, 1, false},
-	{"pthread_rwlock_wrlock", events.OpRwlockWrlock, 1, false},
-	{"pthread_rwlock_tryrdlock", events.OpRwlockTryrdlock, 1, true},
-	{"pthread_rwlock_trywrlock", events.OpRwlockTrywrlock, 1, true},
-	{"pthread_rwlock_timedrdlock", events.OpRwlockTimedrdlock, 1, true},
-	{"pthread_rwlock_timedwrlock", events.OpRwlockTimedwrlock, 1, true},
-	{"pthread_rwlock_clockrdlock", events.OpRwlockClockrdlock, 1, true},
-	{"pthread_rwlock_clockwrlock", events.OpRwlockClockwrlock, 1, true},
-	{"pthread_rwlock_unlock", events.OpRwlockUnlock, 1, false},
-	{"pthread_spin_lock", events.OpSpinLock, 1, false},
-	{"pthread_spin_trylock", events.OpSpinTrylock, 1, true},
-	{"pthread_spin_unlock", events.OpSpinUnlock, 1, false},
-	{"pthread_cond_wait", events.OpCondWait, 2, true},
-	{"pthread_cond_timedwait", events.OpCondTimedwait, 2, true},
+// or timed lock was taken, and when cond_wait takes its mutex back. Each
+// function is named by its op (events.Op.String is the function's name), so
+// the op list in bpf/hooktrace.h, events.Op and this list cannot drift apart
+// (tracer/contract_test.go checks the first two).
+var probeFuncs = named([]probeFunc{
+	{op: events.OpMalloc, args: 1},
+	{op: events.OpCalloc, args: 2},
+	{op: events.OpRealloc, args: 2},
+	{op: events.OpFree, args: 1},
+	{op: events.OpPosixMemalign, args: 3},
+	{op: events.OpAlignedAlloc, args: 2},
+	{op: events.OpMemalign, args: 2},
+	{op: events.OpValloc, args: 1},
+	{op: events.OpPvalloc, args: 1},
+	{op: events.OpMutexLock, args: 1},
+	{op: events.OpMutexTrylock, args: 1, ret: true},
+	{op: events.OpMutexTimedlock, args: 1, ret: true},
+	{op: events.OpMutexClocklock, args: 1, ret: true},
+	{op: events.OpMutexUnlock, args: 1},
+	{op: events.OpMutexInit, args: 1},
+	{op: events.OpMutexDestroy, args: 1},
+	{op: events.OpRwlockRdlock, args: 1},
+	{op: events.OpRwlockWrlock, args: 1},
+	{op: events.OpRwlockTryrdlock, args: 1, ret: true},
+	{op: events.OpRwlockTrywrlock, args: 1, ret: true},
+	{op: events.OpRwlockTimedrdlock, args: 1, ret: true},
+	{op: events.OpRwlockTimedwrlock, args: 1, ret: true},
+	{op: events.OpRwlockClockrdlock, args: 1, ret: true},
+	{op: events.OpRwlockClockwrlock, args: 1, ret: true},
+	{op: events.OpRwlockUnlock, args: 1},
+	{op: events.OpSpinLock, args: 1},
+	{op: events.OpSpinTrylock, args: 1, ret: true},
+	{op: events.OpSpinUnlock, args: 1},
+	{op: events.OpCondWait, args: 2, ret: true},
+	{op: events.OpCondTimedwait, args: 2, ret: true},
+})
+
+func named(fs []probeFunc) []probeFunc {
+	for i := range fs {
+		fs[i].name = fs[i].op.String()
+	}
+	return fs
 }
 
 // site is one function in one object, ready to attach.

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package tracer attaches hooktrace's BPF probes to a process and turns what
 // they report into an events stream: it loads the objects generated from
 // ../bpf, chooses and attaches the probe sites, reads the ring buffer,
@@ -181,9 +183,9 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	}
 	// A gated child is only traced from its exec: its own start-up is
 	// hooktrace's, not the target's.
-	state := uint8(1)
+	state := uint8(hooktraceTraceStateTRACED)
 	if exe != "" {
-		state = 2
+		state = uint8(hooktraceTraceStateGATED)
 	}
 	key := uint32(pid)
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
@@ -347,7 +349,7 @@ func (t *Tracer) reportLost() error {
 // Lost is how many records the ring buffer had no room for.
 func (t *Tracer) Lost() uint64 {
 	var total uint64
-	for k := uint32(0); k < 4; k++ {
+	for k := uint32(0); k < uint32(hooktraceRecTypeREC_SLOTS); k++ {
 		var per []uint64
 		if err := t.objs.Lost.Lookup(&k, &per); err == nil {
 			for _, v := range per {

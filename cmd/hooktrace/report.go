@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hooktrace/hooktrace/analyzer"
-	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/reports"
 )
 
@@ -207,11 +206,4 @@ func gateSummary(g *reports.Gate) string {
 		s += "; INCOMPLETE trace: " + g.Result.Stats.Incomplete
 	}
 	return s
-}
-
-// report prints the analysis of what the session traced.
-func (s *session) report(foot *events.Footer) error {
-	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
-	expand := func(p string) (string, error) { return expandOutputPath(p, &s.header) }
-	return writeReport(os.Stdout, s.sink.an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
 }

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package main
 
 import (
@@ -306,4 +308,11 @@ func parseRingSize(v string) (int, error) {
 		return 0, fmt.Errorf("--ring %q: want a power of two from 4K to 1024M", v)
 	}
 	return size, nil
+}
+
+// report prints the analysis of what the session traced.
+func (s *session) report(foot *events.Footer) error {
+	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
+	expand := func(p string) (string, error) { return expandOutputPath(p, &s.header) }
+	return writeReport(os.Stdout, s.sink.an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
 }

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package placement chooses where in a function's prologue to put a uprobe,
 // and checks that the code in a live process is still the code in the file.
 //

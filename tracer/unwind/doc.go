@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package unwind turns a raw user-stack sample into a call chain using the
 // DWARF call-frame information (.eh_frame, .debug_frame) of the mapped
 // objects, the way `perf --call-graph dwarf` does.
