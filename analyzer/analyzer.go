@@ -201,9 +201,12 @@ func (a *Analyzer) event(e *events.Event) {
 
 func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 	switch e.Op {
-	case events.OpMutexInit:
-		t.proc.initLock(a, e.Addr, t.stream.stack(e.Stack))
-	case events.OpMutexDestroy:
+	case events.OpMutexInit, events.OpRwlockInit, events.OpSpinInit:
+		inst := t.proc.initLock(a, e.Addr, lockTypeOf(e.Op), t.stream.stack(e.Stack))
+		if e.Op == events.OpRwlockInit {
+			inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive
+		}
+	case events.OpMutexDestroy, events.OpRwlockDestroy, events.OpSpinDestroy:
 		t.proc.end(e.Addr)
 	case events.OpCondWait, events.OpCondTimedwait:
 		if e.Flags&events.FlagReturn == 0 {

@@ -12,7 +12,8 @@
 // lock, rwlock and condition-variable events. Taking lock B while holding A
 // records the dependency A → B between lock INSTANCES: an instance is a lock
 // address in one process during one lifetime. A lifetime ends when the
-// mutex is destroyed, when free() releases a chunk covering it (Size known),
+// lock (mutex, rwlock or spinlock) is destroyed or initialised again, when
+// free() releases a chunk covering it (Size known),
 // when munmap() unmaps it, or when the process execs, so a later lock at the
 // same address is a new instance and address reuse never joins two locks
 // into a false cycle. Instances are named by their CLASS: the ELF symbol of

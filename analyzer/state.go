@@ -28,9 +28,11 @@ func (t lockType) word() string {
 
 func lockTypeOf(op events.Op) lockType {
 	switch {
-	case op >= events.OpRwlockRdlock && op <= events.OpRwlockUnlock:
+	case op >= events.OpRwlockRdlock && op <= events.OpRwlockUnlock,
+		op == events.OpRwlockInit, op == events.OpRwlockDestroy:
 		return typeRwlock
-	case op >= events.OpSpinLock && op <= events.OpSpinUnlock:
+	case op >= events.OpSpinLock && op <= events.OpSpinUnlock,
+		op == events.OpSpinInit, op == events.OpSpinDestroy:
 		return typeSpin
 	}
 	return typeMutex

@@ -194,10 +194,11 @@ func (p *proc) create(a *Analyzer, addr uint64, typ lockType) *instance {
 
 // initLock starts a new lifetime at addr (re-initialising a live lock ends
 // the old one) and remembers where it was initialised, to name it.
-func (p *proc) initLock(a *Analyzer, addr uint64, st *events.Stack) {
+func (p *proc) initLock(a *Analyzer, addr uint64, typ lockType, st *events.Stack) *instance {
 	p.end(addr)
-	inst := p.create(a, addr, typeMutex)
+	inst := p.create(a, addr, typ)
 	inst.initStack = st
+	return inst
 }
 
 // end finishes the lifetime of the lock at addr, if any.

@@ -23,6 +23,16 @@ const volatile __u32 want_samples = 1; /* raw stack samples inside allocator cal
  * without its unlock and make a thread look as if it held it forever. */
 volatile __u32 tracing_on = 0;
 
+/* Counts lock lifetimes ended (init, destroy, munmap, mremap, exec) in any
+ * traced process; mixed into every chain-cache key. A lock re-made at an
+ * address is a new lock to the analysis, and the patterns the old one was
+ * in must be sent again for it. One global read is the hot path's whole
+ * cost; the price is that every lifetime end makes each pattern of every
+ * traced process new once. A lock freed without destroy is not covered:
+ * frees with no lock held are not sent in aggregate mode, so the analysis
+ * would not see that lifetime end either. */
+volatile __u64 lock_epoch = 0;
+
 /* Processes being traced (tgid -> TRACED, or GATED for a child that has
  * not exec'd its target yet: its own start-up is not the target's). uprobes
  * are PID-filtered by the kernel; the raw tracepoints are global and filter
@@ -422,12 +432,20 @@ static __always_inline int is_mutex(__u32 op)
 	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
 }
 
-/* A mutex's type, from glibc's __kind; 0 for other locks. */
-static __always_inline __u32 mutex_kind(__u32 op, __u64 lock)
+static __always_inline int is_rwlock(__u32 op)
+{
+	return op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_UNLOCK;
+}
+
+/* What the analysis needs to know of a lock's type, read from the lock: a
+ * mutex's __kind, a rwlock's preference (__flags); 0 for spinlocks. */
+static __always_inline __u32 lock_kind(__u32 op, __u64 lock)
 {
 	__u32 kind = 0;
 	if (is_mutex(op))
 		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + GLIBC_MUTEX_KIND_OFFSET));
+	else if (is_rwlock(op))
+		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + GLIBC_RWLOCK_FLAGS_OFFSET));
 	return kind;
 }
 
@@ -473,6 +491,7 @@ static __always_inline int held_pop(struct thread_state *st, __u64 addr)
 static __always_inline __u64 pattern_key(struct thread_state *st, __u32 pid, __u32 op, __u64 lock, __u64 site)
 {
 	__u64 h = 0xcbf29ce484222325ULL ^ pid;
+	h = (h ^ lock_epoch) * 0x100000001b3ULL;
 	h = (h ^ op) * 0x100000001b3ULL;
 	h = (h ^ lock) * 0x100000001b3ULL;
 	h = (h ^ site) * 0x100000001b3ULL;
@@ -497,7 +516,7 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
 		event_init(&fe, st->held_locks[i].op, id);
 		fe.time = st->held_locks[i].time;
 		fe.addr = st->held_locks[i].addr;
-		fe.arg = mutex_kind(st->held_locks[i].op, st->held_locks[i].addr);
+		fe.arg = lock_kind(st->held_locks[i].op, st->held_locks[i].addr);
 		fe.stack = st->held_locks[i].stack;
 		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
 		event_send(&fe);
@@ -544,6 +563,32 @@ static __always_inline void alloc_context(struct event *e, struct thread_state *
 	e->addr2 = st->alloc_op | ((__u64)st->alloc_seq << 16);
 }
 
+static __always_inline int is_unlock(__u32 op)
+{
+	return op == OP_MUTEX_UNLOCK || op == OP_RWLOCK_UNLOCK || op == OP_SPIN_UNLOCK;
+}
+
+/* Whether the thread may hold lock: it is in the held array, or the array
+ * overflowed and cannot say. At an address two entry points share, an
+ * unlock and an init (glibc 2.36's pthread_spin_unlock and
+ * pthread_spin_init both store 0 to the lock word), the call is told apart
+ * by this: releasing a lock the thread does not hold is undefined, so such
+ * a call is an init. A lock taken before tracing began is not in the array
+ * either: its release then reads as an init, which starts the lock a new
+ * lifetime, no worse than the unmatched unlock it would otherwise be. */
+static __always_inline int may_hold(struct thread_state *st, __u64 lock)
+{
+	if (st->held < 0 || (__u32)st->held > st->nheld)
+		return 1;
+	for (__u32 i = 0; i < MAX_HELD; i++) {
+		if (i >= st->nheld)
+			break;
+		if (st->held_locks[i].addr == lock)
+			return 1;
+	}
+	return 0;
+}
+
 static __always_inline int is_try_or_timed(__u32 op)
 {
 	switch (op) {
@@ -586,10 +631,14 @@ int uprobe_hook(struct pt_regs *ctx)
 	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
 	__u64 id = bpf_get_current_pid_tgid();
 
-	count_call(op);
 	struct thread_state *st = thread_get();
-	if (!st)
+	if (!st) {
+		count_call(op);
 		return 0;
+	}
+	if (is_unlock(op) && COOKIE_ALIAS(cookie) && !may_hold(st, PT_REGS_PARM1(ctx)))
+		op = COOKIE_ALIAS(cookie);
+	count_call(op);
 
 	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
 		__u32 pid = id >> 32;
@@ -710,8 +759,14 @@ int uprobe_hook(struct pt_regs *ctx)
 			return 0;
 		break;
 	}
-	case OP_MUTEX_DESTROY:
 	case OP_MUTEX_INIT:
+	case OP_MUTEX_DESTROY:
+	case OP_RWLOCK_INIT:
+	case OP_RWLOCK_DESTROY:
+	case OP_SPIN_INIT:
+	case OP_SPIN_DESTROY:
+		/* A lifetime ends (re-initialising a live lock ends it too). */
+		__sync_fetch_and_add(&lock_epoch, 1);
 		break;
 	default: { /* blocking acquisitions */
 		/* A pattern seen before is only counted, unless a hook takes
@@ -733,7 +788,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->addr = lock;
-		e->arg = mutex_kind(op, lock);
+		e->arg = lock_kind(op, lock);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
 		e->flags |= F_ACQUIRED;
@@ -749,11 +804,19 @@ int uprobe_hook(struct pt_regs *ctx)
 	struct event ev, *e = &ev;
 	event_init(e, op, id);
 	e->addr = lock;
-	if (op != OP_MUTEX_UNLOCK)
-		e->arg = mutex_kind(op, lock);
+	if (op == OP_RWLOCK_INIT) {
+		__u64 attr = PT_REGS_PARM2(ctx);
+		__u32 pref = 0;
+		if (attr)
+			bpf_probe_read_user(&pref, sizeof(pref), (void *)(attr + GLIBC_RWLOCKATTR_KIND_OFFSET));
+		e->arg = pref;
+	} else if (op != OP_MUTEX_UNLOCK) {
+		e->arg = lock_kind(op, lock);
+	}
 	if (st->held > 0)
 		e->flags |= F_LOCKS_HELD;
-	if (op == OP_MUTEX_INIT)
+	/* Inits are sent with their stack: it names heap locks. */
+	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT)
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 	else
 		event_send(e);
@@ -803,7 +866,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 		e->flags |= F_ACQUIRED;
 		st->held++;
 	}
-	e->arg = mutex_kind(op, e->addr);
+	e->arg = lock_kind(op, e->addr);
 	if (st->held > 1 || ((e->flags & F_ACQUIRED) == 0 && st->held > 0))
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, sp);
@@ -873,10 +936,12 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		break;
 	case OP_MUNMAP:
 		e->size = r.si;
+		__sync_fetch_and_add(&lock_epoch, 1); /* may end locks' lifetimes */
 		break;
 	case OP_MREMAP:
 		e->size = r.si;
 		e->arg = r.dx;
+		__sync_fetch_and_add(&lock_epoch, 1);
 		break;
 	case OP_MMAP:
 		e->size = r.si;
@@ -959,8 +1024,9 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	/* The gate became the target: trace from here on. */
 	*state = TRACED;
 	count_call(OP_EXEC);
-	/* A new image: the allocator is elsewhere now. */
+	/* A new image: the allocator is elsewhere now, and every lock is new. */
 	bpf_map_delete_elem(&alloc_ranges, &pid);
+	__sync_fetch_and_add(&lock_epoch, 1);
 	struct event ev, *e = &ev;
 	event_init(e, OP_EXEC, id);
 	event_send(e);

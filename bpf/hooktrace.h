@@ -73,6 +73,10 @@ enum op {
 	OP_EXEC,
 	OP_PROBE_ENTER,
 	OP_PROBE_EXIT,
+	OP_RWLOCK_INIT,
+	OP_RWLOCK_DESTROY,
+	OP_SPIN_INIT,
+	OP_SPIN_DESTROY,
 	OP_COUNT,
 };
 
@@ -90,14 +94,19 @@ enum event_flag {
  * probes also carry where the allocator's code lies relative to the probe:
  * the distance back to its start (24 bits) and its length in 64 KiB units
  * (8 bits), so the range is known from the first call, before user space
- * could read the process's maps. Other probes carry a user-probe index in
- * the high 32 bits. Go's side is tracer/cookie.go. */
+ * could read the process's maps. User and return probes carry a user-probe
+ * index in the high 32 bits, other lock probes an alias op there. Go's side
+ * is tracer/cookie.go. */
 enum cookie_layout {
 	COOKIE_OP_SHIFT = 0,
 	COOKIE_OP_BITS = 16,
 	COOKIE_ADJ_SHIFT = 16,
 	COOKIE_ADJ_BITS = 16,
 	COOKIE_USER_SHIFT = 32, /* 32 bits */
+	/* An unlock probe whose address another entry point shares (glibc
+	 * 2.36's pthread_spin_init is pthread_spin_unlock) names it here. */
+	COOKIE_ALIAS_SHIFT = 32,
+	COOKIE_ALIAS_BITS = 16,
 	COOKIE_BACK_SHIFT = 32,
 	COOKIE_BACK_BITS = 24,
 	COOKIE_LEN_SHIFT = 56,
@@ -109,6 +118,7 @@ enum cookie_layout {
 #define COOKIE_OP(c) ((__u32)COOKIE_FIELD(c, COOKIE_OP))
 #define COOKIE_ADJ(c) ((__u32)COOKIE_FIELD(c, COOKIE_ADJ))
 #define COOKIE_USER(c) ((__u32)((__u64)(c) >> COOKIE_USER_SHIFT))
+#define COOKIE_ALIAS(c) ((__u32)COOKIE_FIELD(c, COOKIE_ALIAS))
 #define COOKIE_RANGE_BACK(c) COOKIE_FIELD(c, COOKIE_BACK)
 #define COOKIE_RANGE_LEN(c) (COOKIE_FIELD(c, COOKIE_LEN) << COOKIE_LEN_UNIT_SHIFT)
 
@@ -116,6 +126,8 @@ enum cookie_layout {
 enum glibc_layout {
 	GLIBC_MUTEX_OWNER_OFFSET = 8, /* pthread_mutex_t.__data.__owner (hang detection) */
 	GLIBC_MUTEX_KIND_OFFSET = 16, /* pthread_mutex_t.__data.__kind */
+	GLIBC_RWLOCK_FLAGS_OFFSET = 48, /* pthread_rwlock_t.__data.__flags: the preference */
+	GLIBC_RWLOCKATTR_KIND_OFFSET = 0, /* pthread_rwlockattr_t's lockkind */
 };
 
 struct event {

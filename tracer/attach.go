@@ -5,6 +5,7 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -72,6 +73,10 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 			cookie.user = uint32(s.userIdx)
 		} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
 			alloc.cookieRange(&cookie, s.sym.Offset+offset)
+		} else if s.alias != events.OpNone {
+			cookie.alias = s.alias
+			note = strings.TrimPrefix(note+"; ", "; ") + "also " + s.alias.String() +
+				" (same address): a call on a lock the thread does not hold is that"
 		}
 		if s.fn.ret {
 			// The return probe hooks the entry; the entry probe goes there

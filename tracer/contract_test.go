@@ -113,7 +113,7 @@ func TestProbeFuncsAreOps(t *testing.T) {
 	// Every library call the model has is probed (syscalls, thread events
 	// and user probes come from elsewhere).
 	for _, op := range events.Ops() {
-		if op.IsAllocator() || op.IsLockAcquire() || op.IsUnlock() {
+		if op.IsAllocator() || op.IsLockAcquire() || op.IsUnlock() || op.IsLockInit() || op.IsLockDestroy() {
 			if !probed[op] {
 				t.Errorf("%v is not probed", op)
 			}
@@ -127,9 +127,11 @@ func TestCookieRoundTrip(t *testing.T) {
 		{op: events.OpMalloc, adj: 0x28, back: 0x123456, length: 0xab},
 		{op: events.OpProbeEnter, adj: 0xffff, user: 7},
 		{op: events.OpSpinTrylock, user: 0xffffffff},
+		{op: events.OpSpinUnlock, adj: 8, alias: events.OpSpinInit},
 	} {
 		if got := decodeCookie(c.encode()); got.op != c.op || got.adj != c.adj ||
-			(c.user != 0 && got.user != c.user) || (c.user == 0 && (got.back != c.back || got.length != c.length)) {
+			(c.user != 0 && got.user != c.user) || (c.alias != 0 && got.alias != c.alias) ||
+			(c.user == 0 && c.alias == 0 && (got.back != c.back || got.length != c.length)) {
 			t.Errorf("%+v decodes as %+v", c, got)
 		}
 	}
@@ -150,8 +152,9 @@ func TestCookieMatchesC(t *testing.T) {
 int main(int argc, char **argv) {
 	for (int i = 1; i < argc; i++) {
 		__u64 c = strtoull(argv[i], 0, 0);
-		printf("%%u %%u %%u %%llu %%llu\n", COOKIE_OP(c), COOKIE_ADJ(c), COOKIE_USER(c),
-		       (unsigned long long)COOKIE_RANGE_BACK(c), (unsigned long long)COOKIE_RANGE_LEN(c));
+		printf("%%u %%u %%u %%llu %%llu %%u\n", COOKIE_OP(c), COOKIE_ADJ(c), COOKIE_USER(c),
+		       (unsigned long long)COOKIE_RANGE_BACK(c), (unsigned long long)COOKIE_RANGE_LEN(c),
+		       COOKIE_ALIAS(c));
 	}
 	return 0;
 }
@@ -171,6 +174,7 @@ int main(int argc, char **argv) {
 		{op: events.OpFree, adj: 8},
 		{op: events.OpProbeExit, user: 3},
 		{op: events.OpMutexTrylock, user: 0xffffffff},
+		{op: events.OpSpinUnlock, adj: 8, alias: events.OpSpinInit},
 	}
 	args := make([]string, len(cookies))
 	for i, c := range cookies {
@@ -185,7 +189,7 @@ int main(int argc, char **argv) {
 		// Go's decoding of its own encoding, which TestCookieRoundTrip
 		// holds to the fields set.
 		d := decodeCookie(c.encode())
-		want := fmt.Sprintf("%d %d %d %d %d", d.op, d.adj, d.user, d.back, d.rangeBytes())
+		want := fmt.Sprintf("%d %d %d %d %d %d", d.op, d.adj, d.user, d.back, d.rangeBytes(), d.alias)
 		if i >= len(lines) || lines[i] != want {
 			t.Errorf("cookie %+v: C reads %q, want %q", c, lines[min(i, len(lines)-1)], want)
 		}

@@ -193,7 +193,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 			return err
 		}
 	}
-	if (op.IsLockAcquire() || op == events.OpMutexInit) && !p.locks[r.Addr] {
+	if (op.IsLockAcquire() || op.IsLockInit()) && !p.locks[r.Addr] {
 		p.locks[r.Addr] = true
 		c.nlocks.Add(1)
 		p.mapsFor(r.Addr)

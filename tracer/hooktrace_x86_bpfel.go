@@ -27,6 +27,8 @@ const (
 	hooktraceCookieLayoutCOOKIE_ADJ_SHIFT      hooktraceCookieLayout = 16
 	hooktraceCookieLayoutCOOKIE_ADJ_BITS       hooktraceCookieLayout = 16
 	hooktraceCookieLayoutCOOKIE_USER_SHIFT     hooktraceCookieLayout = 32
+	hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT    hooktraceCookieLayout = 32
+	hooktraceCookieLayoutCOOKIE_ALIAS_BITS     hooktraceCookieLayout = 16
 	hooktraceCookieLayoutCOOKIE_BACK_SHIFT     hooktraceCookieLayout = 32
 	hooktraceCookieLayoutCOOKIE_BACK_BITS      hooktraceCookieLayout = 24
 	hooktraceCookieLayoutCOOKIE_LEN_SHIFT      hooktraceCookieLayout = 56
@@ -63,8 +65,10 @@ const (
 type hooktraceGlibcLayout uint32
 
 const (
-	hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET hooktraceGlibcLayout = 8
-	hooktraceGlibcLayoutGLIBC_MUTEX_KIND_OFFSET  hooktraceGlibcLayout = 16
+	hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET     hooktraceGlibcLayout = 8
+	hooktraceGlibcLayoutGLIBC_MUTEX_KIND_OFFSET      hooktraceGlibcLayout = 16
+	hooktraceGlibcLayoutGLIBC_RWLOCK_FLAGS_OFFSET    hooktraceGlibcLayout = 48
+	hooktraceGlibcLayoutGLIBC_RWLOCKATTR_KIND_OFFSET hooktraceGlibcLayout = 0
 )
 
 type hooktraceLimits uint32
@@ -119,7 +123,11 @@ const (
 	hooktraceOpOP_EXEC               hooktraceOp = 38
 	hooktraceOpOP_PROBE_ENTER        hooktraceOp = 39
 	hooktraceOpOP_PROBE_EXIT         hooktraceOp = 40
-	hooktraceOpOP_COUNT              hooktraceOp = 41
+	hooktraceOpOP_RWLOCK_INIT        hooktraceOp = 41
+	hooktraceOpOP_RWLOCK_DESTROY     hooktraceOp = 42
+	hooktraceOpOP_SPIN_INIT          hooktraceOp = 43
+	hooktraceOpOP_SPIN_DESTROY       hooktraceOp = 44
+	hooktraceOpOP_COUNT              hooktraceOp = 45
 )
 
 type hooktraceRecType uint32
@@ -265,6 +273,7 @@ type hooktraceMapSpecs struct {
 type hooktraceVariableSpecs struct {
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
 	FullMode           *ebpf.VariableSpec `ebpf:"full_mode"`
+	LockEpoch          *ebpf.VariableSpec `ebpf:"lock_epoch"`
 	TracingOn          *ebpf.VariableSpec `ebpf:"tracing_on"`
 	UnusedCookieLayout *ebpf.VariableSpec `ebpf:"unused_cookie_layout"`
 	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -332,6 +341,7 @@ func (m *hooktraceMaps) Close() error {
 type hooktraceVariables struct {
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
 	FullMode           *ebpf.Variable `ebpf:"full_mode"`
+	LockEpoch          *ebpf.Variable `ebpf:"lock_epoch"`
 	TracingOn          *ebpf.Variable `ebpf:"tracing_on"`
 	UnusedCookieLayout *ebpf.Variable `ebpf:"unused_cookie_layout"`
 	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`

@@ -59,6 +59,10 @@ var probeFuncs = named([]probeFunc{
 	{op: events.OpSpinUnlock, args: 1},
 	{op: events.OpCondWait, args: 2, ret: true},
 	{op: events.OpCondTimedwait, args: 2, ret: true},
+	{op: events.OpRwlockInit, args: 2},
+	{op: events.OpRwlockDestroy, args: 1},
+	{op: events.OpSpinInit, args: 1},
+	{op: events.OpSpinDestroy, args: 1},
 })
 
 func named(fs []probeFunc) []probeFunc {
@@ -74,9 +78,12 @@ type site struct {
 	object  string // path
 	sym     symbolize.Symbol
 	userIdx int // for user probes: index into Header.UserProbes
-	code    []byte
-	choice  placement.Site
-	live    uint64 // the function's runtime address, 0 when not mapped yet
+	// alias is an init whose entry point is this unlock's address (glibc
+	// 2.36's pthread_spin_init is pthread_spin_unlock); OpNone for most.
+	alias  events.Op
+	code   []byte
+	choice placement.Site
+	live   uint64 // the function's runtime address, 0 when not mapped yet
 }
 
 // planSites finds, for each traced function, the object that really
@@ -110,7 +117,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 		return o
 	}
 	var plan []site
-	seen := map[string]bool{} // object:address, so aliases are probed once
+	seen := map[string]int{} // object:address -> plan index, so aliases are probed once
 	for _, fn := range probeFuncs {
 		for _, path := range objs {
 			o := open(path)
@@ -122,9 +129,17 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 				continue
 			}
 			key := fmt.Sprintf("%s:%x", path, sym.Value)
-			if !seen[key] {
-				seen[key] = true
+			i, dup := seen[key]
+			switch {
+			case !dup:
+				seen[key] = len(plan)
 				plan = append(plan, site{fn: fn, object: path, sym: sym, userIdx: -1})
+			case plan[i].fn.op.IsUnlock() && fn.op.IsLockInit():
+				plan[i].alias = fn.op
+			case plan[i].fn.op.IsLockInit() && fn.op.IsUnlock():
+				plan[i].alias, plan[i].fn = plan[i].fn.op, fn
+			default:
+				warn(fmt.Sprintf("%s is %s in %s: only the first is traced", fn.name, plan[i].fn.name, path))
 			}
 			break
 		}
