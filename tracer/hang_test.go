@@ -1,7 +1,6 @@
 package tracer
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -10,31 +9,12 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/rcache"
 )
 
 // Hang detection reads /proc only: these tests need a C compiler and the
 // right to read a child's memory, not eBPF.
-
-func needCC(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("gcc is missing under CI")
-		}
-		t.Skip("no gcc")
-	}
-}
-
-func compileC(t *testing.T, src, name string) string {
-	t.Helper()
-	needCC(t)
-	out := filepath.Join(t.TempDir(), name)
-	if b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, b)
-	}
-	return out
-}
 
 // startWatched starts argv and watches it; the process is killed at the
 // end of the test.
@@ -84,7 +64,7 @@ func framesText(frames []events.Frame) string {
 // other's. The hang names both locks by their symbols, each waiter's owner
 // from the mutex's __owner, and whole stacks with the program's functions.
 func TestHangFindsABBA(t *testing.T) {
-	prog := compileC(t, filepath.Join("..", "testdata", "deadlock.c"), "deadlock")
+	prog := testenv.Program(t, "deadlock")
 	start := time.Now()
 	cmd, w := startWatched(t, 500*time.Millisecond, prog)
 	var h *events.Hang
@@ -148,8 +128,7 @@ func TestHangFindsABBA(t *testing.T) {
 // TestHangNeedsACycle: a thread that holds a mutex while it sleeps keeps
 // another blocked for longer than the timeout, but that is no deadlock.
 func TestHangNeedsACycle(t *testing.T) {
-	src := filepath.Join(t.TempDir(), "slow.c")
-	os.WriteFile(src, []byte(`#include <pthread.h>
+	prog := testenv.C{Name: "slow", Code: `#include <pthread.h>
 #include <unistd.h>
 pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *waiter(void *a) { (void)a; usleep(100000); pthread_mutex_lock(&slow_lock); pthread_mutex_unlock(&slow_lock); return 0; }
@@ -162,8 +141,7 @@ int main(void) {
 	pthread_join(t, 0);
 	return 0;
 }
-`), 0o644)
-	prog := compileC(t, src, "slow")
+`}.Build(t)
 	cmd, w := startWatched(t, 300*time.Millisecond, prog)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -182,14 +160,12 @@ int main(void) {
 // TestHangFindsSelfDeadlock: a thread waiting for a normal mutex it
 // holds is a cycle of one.
 func TestHangFindsSelfDeadlock(t *testing.T) {
-	src := filepath.Join(t.TempDir(), "self.c")
-	os.WriteFile(src, []byte(`#include <pthread.h>
+	prog := testenv.C{Name: "self", Code: `#include <pthread.h>
 pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
 volatile int reloads;
 __attribute__((noinline)) static void reload_config(void) { pthread_mutex_lock(&config_lock); reloads++; }
 int main(void) { pthread_mutex_lock(&config_lock); reload_config(); return 0; }
-`), 0o644)
-	prog := compileC(t, src, "self")
+`}.Build(t)
 	cmd, w := startWatched(t, 300*time.Millisecond, prog)
 	select {
 	case h := <-w.Found():
@@ -212,7 +188,9 @@ int main(void) { pthread_mutex_lock(&config_lock); reload_config(); return 0; }
 // owner. The owner must be found from the stacks: the thread inside free()
 // whose hook waits for vma_lock. The deadlock is a race: three chances.
 func TestHangFindsArenaOwner(t *testing.T) {
-	needCC(t)
+	if _, err := rcache.Compiler(); err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
 	b, err := rcache.Build(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -2,13 +2,13 @@ package tracer_test
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"testing"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -20,27 +20,7 @@ func init() {
 	}
 }
 
-func requireBPF(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("eBPF unavailable under CI: not root")
-	}
-	t.Skip("eBPF unavailable: not root")
-}
-
-func buildC(t *testing.T, name string) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), name)
-	b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out,
-		filepath.Join("..", "testdata", name+".c")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("gcc: %v\n%s", err, b)
-	}
-	return out
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // trace runs prog under the tracer and returns its records.
 func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Record, tr *tracer.Tracer) {
@@ -85,8 +65,8 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 }
 
 func TestTracerSeesMallocsUnderLock(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "mallocs")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "mallocs")
 	recs, tr := trace(t, tracer.Options{Mode: tracer.ModeFull}, prog)
 	stacks := map[uint32]*events.Stack{}
 	n := 0
