@@ -17,21 +17,28 @@ import (
 // right to read a child's memory, not eBPF.
 
 // startWatched starts argv and watches it; the process is killed at the
-// end of the test.
-func startWatched(t *testing.T, timeout time.Duration, argv ...string) (*exec.Cmd, *HangWatcher) {
+// end of the test. exited receives its Wait's result: the only Wait, so
+// that the test and the clean-up never wait on the same process together.
+func startWatched(t *testing.T, timeout time.Duration, argv ...string) (cmd *exec.Cmd, w *HangWatcher, exited <-chan error) {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd = exec.Command(argv[0], argv[1:]...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w := WatchHang(cmd.Process.Pid, HangOptions{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
+	w = WatchHang(cmd.Process.Pid, HangOptions{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
 		Warn: func(s string) { t.Log(s) }})
+	result := make(chan error, 1)
+	waited := make(chan struct{})
+	go func() {
+		result <- cmd.Wait()
+		close(waited)
+	}()
 	t.Cleanup(func() {
 		w.Stop()
 		cmd.Process.Kill()
-		cmd.Wait()
+		<-waited
 	})
-	return cmd, w
+	return cmd, w, result
 }
 
 func hangThread(h *events.Hang, lock string) *events.HangThread {
@@ -66,7 +73,7 @@ func framesText(frames []events.Frame) string {
 func TestHangFindsABBA(t *testing.T) {
 	prog := testenv.Program(t, "deadlock")
 	start := time.Now()
-	cmd, w := startWatched(t, 500*time.Millisecond, prog)
+	cmd, w, _ := startWatched(t, 500*time.Millisecond, prog)
 	var h *events.Hang
 	select {
 	case h = <-w.Found():
@@ -142,9 +149,7 @@ int main(void) {
 	return 0;
 }
 `}.Build(t)
-	cmd, w := startWatched(t, 300*time.Millisecond, prog)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	_, w, exited := startWatched(t, 300*time.Millisecond, prog)
 	select {
 	case h := <-w.Found():
 		t.Fatalf("reported a deadlock for a slow lock holder: %+v", h)
@@ -166,7 +171,7 @@ volatile int reloads;
 __attribute__((noinline)) static void reload_config(void) { pthread_mutex_lock(&config_lock); reloads++; }
 int main(void) { pthread_mutex_lock(&config_lock); reload_config(); return 0; }
 `}.Build(t)
-	cmd, w := startWatched(t, 300*time.Millisecond, prog)
+	cmd, w, _ := startWatched(t, 300*time.Millisecond, prog)
 	select {
 	case h := <-w.Found():
 		th := hangThread(h, "config_lock (self)")
@@ -196,9 +201,7 @@ func TestHangFindsArenaOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
-		cmd, w := startWatched(t, time.Second, b.Workload, "--variant", "legacy", "--stress", "--seconds", "20", "--watchdog", "60")
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
+		_, w, exited := startWatched(t, time.Second, b.Workload, "--variant", "legacy", "--stress", "--seconds", "20", "--watchdog", "60")
 		var h *events.Hang
 		select {
 		case h = <-w.Found():

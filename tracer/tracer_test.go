@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/testenv"
@@ -53,11 +54,31 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 			return nil
 		})
 	}()
+	// What the CLI's status line reads while the reader runs, read the
+	// same way, so that go test -race checks it.
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+				tr.Events()
+				tr.Seen()
+				tr.Calls()
+				tr.Lost()
+				tr.Sites()
+				tr.Allocator()
+			}
+		}
+	}()
 	if err := g.Open(); err != nil {
 		t.Fatal(err)
 	}
 	g.Cmd.Wait()
 	close(stop)
+	<-polled
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
