@@ -45,13 +45,6 @@ type Options struct {
 	// UserProbes are extra functions, SYMBOL or SYMBOL@object, traced at
 	// entry and exit.
 	UserProbes []string
-	Forbid     []string
-	// Floor attaches the counting-only program instead of the real one:
-	// the benchmarks' measure of what the probe sites alone cost.
-	Floor bool
-	// FloorAtEntry puts every probe at its function's first instruction, as
-	// a naive uprobe tracer does: the benchmarks' other reference.
-	FloorAtEntry bool
 	// Warn receives warnings (a site refused, a missing symbol).
 	Warn func(string)
 }
@@ -221,12 +214,9 @@ func (t *Tracer) Exec(pid int) {
 // place plans and attaches pid's probe sites.
 func (t *Tracer) place(pid int, exe string) error {
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
-	if t.opts.Floor {
-		prog, retProg = t.objs.UprobeFloor, nil
-	}
 	t.placeMu.Lock()
 	defer t.placeMu.Unlock()
-	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.FloorAtEntry, t.opts.Warn)
+	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
 	if err != nil {
 		return err
 	}
@@ -391,19 +381,6 @@ func (t *Tracer) Calls() map[string]uint64 {
 		}
 	}
 	return out
-}
-
-// FloorHits is the number of hits the counting-only program saw.
-func (t *Tracer) FloorHits() uint64 {
-	var per []uint64
-	k := uint32(0)
-	var n uint64
-	if err := t.objs.FloorHits.Lookup(&k, &per); err == nil {
-		for _, v := range per {
-			n += v
-		}
-	}
-	return n
 }
 
 // Seen counts the threads and lock addresses seen so far.
