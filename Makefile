@@ -14,11 +14,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/hooktrace ./cmd/hooktrace
 
 generate:
-	$(GO) generate ./tracer
+	$(GO) generate ./tracer ./bench
 
 # The committed objects must be what the committed C produces.
 check-generated: generate
-	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o
+	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o bench/floor_x86_bpfel.go bench/floor_x86_bpfel.o
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }

@@ -142,15 +142,6 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
-/* The floor: the same probe sites attached to this program measure what a
- * trap and a counter cost, so benchmarks can tell probe cost from ours. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} floor_hits SEC(".maps");
-
 struct scratch {
 	__u64 ips[MAX_FRAMES + 1];
 	__u64 slots[SCAN_SLOTS];
@@ -876,14 +867,6 @@ int uretprobe_hook(struct pt_regs *ctx)
 		int cond = op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT;
 		held_push(st, cond ? e->addr2 : e->addr, cond ? OP_MUTEX_LOCK : op, e->arg, e->stack, e->time, 1);
 	}
-	return 0;
-}
-
-SEC("uprobe.multi")
-int uprobe_floor(struct pt_regs *ctx)
-{
-	__u32 zero = 0;
-	count(&zero, &floor_hits);
 	return 0;
 }
 

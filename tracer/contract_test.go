@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/hooktrace/hooktrace/events"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // The BPF side's numbers are enums in bpf/hooktrace.h; these tests read
@@ -162,7 +164,7 @@ int main(int argc, char **argv) {
 	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	bin := compileC(t, src, "cookie")
+	bin := testenv.C{Source: src, Name: "cookie"}.Build(t)
 	r := &allocRange{object: "libc.so.6", lo: 0x9a000, hi: 0x9a000 + 0x1c345}
 	alloc := probeCookie{op: events.OpMalloc, adj: 0x18}
 	r.cookieRange(&alloc, 0xa1230)

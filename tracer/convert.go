@@ -22,7 +22,12 @@ import (
 // event that uses it, and names threads and locks on first sight, while the
 // process is still there to ask.
 type converter struct {
-	mu sync.Mutex // guards procs for exiting, called from elsewhere
+	// mu guards procs and allocs: Attach and Exec (setAllocator) and
+	// exiting run on other goroutines than the reader's.
+	mu sync.Mutex
+	// allocs is the allocator each process uses, as the probes placed
+	// for its current image found it.
+	allocs map[uint32]*allocRange
 	// Threads and lock addresses seen, for the live status line.
 	nthreads, nlocks atomic.Int64
 	emit             func(*events.Record) error
@@ -30,7 +35,7 @@ type converter struct {
 	unw              *unwinder
 	warn             func(string)
 	procs            map[uint32]*procState
-	events           uint64
+	events           atomic.Uint64 // read by the status line
 	nextID           uint32
 	rec              events.Record
 }
@@ -39,8 +44,7 @@ type converter struct {
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
 	sym    *symbolize.Symbolizer
-	live   *liveMaps // keeps sym current while the process lives
-	alloc  *allocRange
+	live   *liveMaps         // keeps sym current while the process lives
 	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
 	// notInAlloc holds the samples whose unwound stack has no allocator
 	// frame: the kernel's quick test was fooled (a stale return slot).
@@ -79,24 +83,35 @@ func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
 }
 
 func newConverter(warn func(string)) *converter {
-	return &converter{warn: warn, procs: map[uint32]*procState{}, unw: newUnwinder()}
+	return &converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*allocRange{}, unw: newUnwinder()}
 }
 
-// setAllocator records which allocator pid uses.
+// setAllocator records which allocator pid uses, and starts watching pid
+// if it is new: from Attach on, its mappings are known even if it exits
+// before the reader sees its first event.
 func (c *converter) setAllocator(pid uint32, r *allocRange) {
-	c.proc(pid).alloc = r
+	c.mu.Lock()
+	c.allocs[pid] = r
+	c.mu.Unlock()
+	c.proc(pid)
 }
 
-// watch starts afresh on pid's address space, keeping what is known of
-// its allocator (the probes were placed for the image it runs or is about
-// to exec).
+// allocator is the allocator pid uses, nil when unknown.
+func (c *converter) allocator(pid uint32) *allocRange {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.allocs[pid]
+}
+
+// watch starts afresh on pid's address space.
 func (c *converter) watch(pid uint32) *procState {
-	var alloc *allocRange
 	sym := symbolize.New(int(pid))
+	c.mu.Lock()
 	old, ok := c.procs[pid]
+	c.mu.Unlock()
 	var live *liveMaps
 	if ok {
-		alloc, live = old.alloc, old.live
+		live = old.live
 		// Gone already: the poller's last snapshot is all there is.
 		if len(sym.Maps()) == 0 {
 			sym = old.sym
@@ -108,7 +123,6 @@ func (c *converter) watch(pid uint32) *procState {
 	p := &procState{
 		sym:        sym,
 		live:       live,
-		alloc:      alloc,
 		notInAlloc: map[uint64]bool{},
 		stacks:     map[uint64]uint32{},
 		byFrame:    map[string]uint32{},
@@ -141,10 +155,21 @@ func (c *converter) close() {
 }
 
 func (c *converter) proc(pid uint32) *procState {
-	if p, ok := c.procs[pid]; ok {
+	c.mu.Lock()
+	p, ok := c.procs[pid]
+	c.mu.Unlock()
+	if ok {
 		return p
 	}
 	return c.watch(pid)
+}
+
+// known says whether pid is watched.
+func (c *converter) known(pid uint32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.procs[pid]
+	return ok
 }
 
 var (
@@ -182,8 +207,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 	op := events.Op(r.Op)
 	if op == events.OpExec {
 		// A new image: forget the old one's stacks and names.
-		c.watch(r.Pid)
-		p = c.procs[r.Pid]
+		p = c.watch(r.Pid)
 	}
 	if !p.threads[r.Tid] && op != events.OpThreadExit {
 		p.threads[r.Tid] = true
@@ -205,8 +229,9 @@ func (c *converter) event(r *hooktraceEvent) error {
 		}
 	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
-		if _, ok := c.procs[uint32(r.Addr)]; !ok {
-			c.watch(uint32(r.Addr)).alloc = p.alloc
+		if !c.known(uint32(r.Addr)) {
+			c.watch(uint32(r.Addr))
+			c.setAllocator(uint32(r.Addr), c.allocator(r.Pid))
 			if c.onFork != nil {
 				c.onFork(uint32(r.Addr))
 			}
@@ -228,7 +253,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 			addr2 = 0
 		}
 	}
-	c.events++
+	c.events.Add(1)
 	c.rec = events.Record{Kind: events.RecEvent, Event: events.Event{
 		Time:  r.Time,
 		PID:   r.Pid,
@@ -263,10 +288,10 @@ func (c *converter) sample(r *hooktraceSample) error {
 	n := min(int(r.Len), len(r.Data))
 	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
-	if p.alloc != nil {
+	if alloc := c.allocator(r.Pid); alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
-			if p.alloc.contains(maps, pc) {
+			if alloc.contains(maps, pc) {
 				inside = true
 				break
 			}

@@ -246,7 +246,6 @@ type hooktraceProgramSpecs struct {
 	SchedExit     *ebpf.ProgramSpec `ebpf:"sched_exit"`
 	SchedFork     *ebpf.ProgramSpec `ebpf:"sched_fork"`
 	SysEnter      *ebpf.ProgramSpec `ebpf:"sys_enter"`
-	UprobeFloor   *ebpf.ProgramSpec `ebpf:"uprobe_floor"`
 	UprobeHook    *ebpf.ProgramSpec `ebpf:"uprobe_hook"`
 	UretprobeHook *ebpf.ProgramSpec `ebpf:"uretprobe_hook"`
 }
@@ -257,7 +256,6 @@ type hooktraceProgramSpecs struct {
 type hooktraceMapSpecs struct {
 	AllocRanges *ebpf.MapSpec `ebpf:"alloc_ranges"`
 	Calls       *ebpf.MapSpec `ebpf:"calls"`
-	FloorHits   *ebpf.MapSpec `ebpf:"floor_hits"`
 	Lost        *ebpf.MapSpec `ebpf:"lost"`
 	Ring        *ebpf.MapSpec `ebpf:"ring"`
 	ScratchMap  *ebpf.MapSpec `ebpf:"scratch_map"`
@@ -310,7 +308,6 @@ func (o *hooktraceObjects) Close() error {
 type hooktraceMaps struct {
 	AllocRanges *ebpf.Map `ebpf:"alloc_ranges"`
 	Calls       *ebpf.Map `ebpf:"calls"`
-	FloorHits   *ebpf.Map `ebpf:"floor_hits"`
 	Lost        *ebpf.Map `ebpf:"lost"`
 	Ring        *ebpf.Map `ebpf:"ring"`
 	ScratchMap  *ebpf.Map `ebpf:"scratch_map"`
@@ -324,7 +321,6 @@ func (m *hooktraceMaps) Close() error {
 	return _HooktraceClose(
 		m.AllocRanges,
 		m.Calls,
-		m.FloorHits,
 		m.Lost,
 		m.Ring,
 		m.ScratchMap,
@@ -364,7 +360,6 @@ type hooktracePrograms struct {
 	SchedExit     *ebpf.Program `ebpf:"sched_exit"`
 	SchedFork     *ebpf.Program `ebpf:"sched_fork"`
 	SysEnter      *ebpf.Program `ebpf:"sys_enter"`
-	UprobeFloor   *ebpf.Program `ebpf:"uprobe_floor"`
 	UprobeHook    *ebpf.Program `ebpf:"uprobe_hook"`
 	UretprobeHook *ebpf.Program `ebpf:"uretprobe_hook"`
 }
@@ -375,7 +370,6 @@ func (p *hooktracePrograms) Close() error {
 		p.SchedExit,
 		p.SchedFork,
 		p.SysEnter,
-		p.UprobeFloor,
 		p.UprobeHook,
 		p.UretprobeHook,
 	)

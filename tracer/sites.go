@@ -90,7 +90,7 @@ type site struct {
 // provides it to pid (the first definition in the loader's search order: a
 // preloaded or linked-in allocator wins over glibc's), and the offset to
 // probe at.
-func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func(string)) ([]site, error) {
+func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]site, error) {
 	// One read of the mappings serves the search order and every site's
 	// live address; a child not yet exec'd maps none of the target's.
 	maps, _ := symbolize.ReadMaps(pid)
@@ -178,7 +178,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 			warn(fmt.Sprintf("reading %s in %s: %v", s.fn.name, s.object, err))
 			continue
 		}
-		if s.userIdx < 0 && !atEntry {
+		if s.userIdx < 0 {
 			s.choice = placement.Choose(s.code, s.fn.args)
 		}
 		if goTarget {

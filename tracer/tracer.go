@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -46,13 +47,6 @@ type Options struct {
 	// UserProbes are extra functions, SYMBOL or SYMBOL@object, traced at
 	// entry and exit.
 	UserProbes []string
-	Forbid     []string
-	// Floor attaches the counting-only program instead of the real one:
-	// the benchmarks' measure of what the probe sites alone cost.
-	Floor bool
-	// FloorAtEntry puts every probe at its function's first instruction, as
-	// a naive uprobe tracer does: the benchmarks' other reference.
-	FloorAtEntry bool
 	// Warn receives warnings (a site refused, a missing symbol).
 	Warn func(string)
 }
@@ -71,19 +65,27 @@ type Tracer struct {
 	objs  hooktraceObjects
 	links []link.Link
 	rd    *ringbuf.Reader
-	sites []events.ProbeSite
 
-	mu        sync.Mutex // guards what Attach and the reader share
+	// placeMu makes placements one at a time: Attach, Exec and the
+	// reader following a fork can each place probes.
+	placeMu sync.Mutex
+
+	mu        sync.Mutex // guards what Attach, the reader and the status line share
 	conv      *converter
 	lostSeen  uint64
 	allocator string
+	sites     []events.ProbeSite
 	attached  map[int]bool    // processes whose probes are placed
-	placed    map[string]bool // pid:object:offset:ret of every probe placed
+	placed    map[string]bool // pid:object:offset:ret of every probe placed; placeMu guards it
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
 // once Attach has found it.
-func (t *Tracer) Allocator() string { return t.allocator }
+func (t *Tracer) Allocator() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.allocator
+}
 
 // New loads the BPF objects and attaches the global tracepoints. Nothing is
 // traced until Attach names a process.
@@ -214,23 +216,22 @@ func (t *Tracer) Exec(pid int) {
 // place plans and attaches pid's probe sites.
 func (t *Tracer) place(pid int, exe string) error {
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
-	if t.opts.Floor {
-		prog, retProg = t.objs.UprobeFloor, nil
-	}
-	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.FloorAtEntry, t.opts.Warn)
+	t.placeMu.Lock()
+	defer t.placeMu.Unlock()
+	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
 	if err != nil {
 		return err
 	}
 	alloc := findAllocator(plan)
 	t.conv.setAllocator(uint32(pid), alloc)
+	t.mu.Lock()
 	if alloc != nil {
 		t.allocator = alloc.name
 	}
-	t.mu.Lock()
+	t.mu.Unlock()
 	if t.placed == nil {
 		t.placed = map[string]bool{}
 	}
-	t.mu.Unlock()
 	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.placed, t.opts.Warn)
 	t.mu.Lock()
 	t.links = append(t.links, links...)
@@ -240,7 +241,11 @@ func (t *Tracer) place(pid int, exe string) error {
 }
 
 // Sites lists where the tracer attached.
-func (t *Tracer) Sites() []events.ProbeSite { return t.sites }
+func (t *Tracer) Sites() []events.ProbeSite {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.sites)
+}
 
 // checkProcess says why pid cannot be traced.
 func checkProcess(pid int) error {
@@ -380,26 +385,13 @@ func (t *Tracer) Calls() map[string]uint64 {
 	return out
 }
 
-// FloorHits is the number of hits the counting-only program saw.
-func (t *Tracer) FloorHits() uint64 {
-	var per []uint64
-	k := uint32(0)
-	var n uint64
-	if err := t.objs.FloorHits.Lookup(&k, &per); err == nil {
-		for _, v := range per {
-			n += v
-		}
-	}
-	return n
-}
-
 // Seen counts the threads and lock addresses seen so far.
 func (t *Tracer) Seen() (threads, locks int64) {
 	return t.conv.nthreads.Load(), t.conv.nlocks.Load()
 }
 
 // Events is the number of event records handed out so far.
-func (t *Tracer) Events() uint64 { return t.conv.events }
+func (t *Tracer) Events() uint64 { return t.conv.events.Load() }
 
 // closeLinks detaches every probe. Removing a uprobe waits for a grace
 // period (tens of milliseconds, more on a busy machine); one at a time,

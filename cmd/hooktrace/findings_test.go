@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // These tests trace real C programs with real probes and check the findings
@@ -107,8 +109,8 @@ func sameSet(a, b []string) bool {
 // locks, with the function that took each pair on its edge. Its twin takes
 // the locks in one order everywhere and gets no finding.
 func TestInversionAcrossThreads(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "inversion")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "inversion")
 	fs := ofKind(traceFindings(t, nil, prog), "lock-order-cycle", "error")
 	if len(fs) != 1 {
 		t.Fatalf("want 1 lock-order-cycle error, got %d: %v", len(fs), fs)
@@ -136,8 +138,8 @@ func TestInversionAcrossThreads(t *testing.T) {
 // TestThreeLockRing: a→b, b→c, c→a on three threads: one finding, three
 // locks.
 func TestThreeLockRing(t *testing.T) {
-	requireBPF(t)
-	fs := ofKind(traceFindings(t, nil, buildC(t, "ring")), "lock-order-cycle", "error")
+	testenv.RequireBPF(t)
+	fs := ofKind(traceFindings(t, nil, testenv.Program(t, "ring")), "lock-order-cycle", "error")
 	if len(fs) != 1 {
 		t.Fatalf("want 1 cycle, got %v", fs)
 	}
@@ -160,8 +162,8 @@ func TestThreeLockRing(t *testing.T) {
 // The twin frees a large mmapped block instead (munmap_chunk → munmap:
 // glibc holds no arena lock there) and must give no error.
 func TestOpenMPIMadviseHook(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "ompi")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "ompi")
 	fs := ofKind(traceFindings(t, nil, prog), "lock-order-cycle", "error")
 	if len(fs) != 1 {
 		t.Fatalf("want 1 lock-order-cycle error, got %v", fs)
@@ -200,8 +202,8 @@ func TestOpenMPIMadviseHook(t *testing.T) {
 // internal progress, with the stack where the RPC ran; the fixed twin is
 // clean.
 func TestProgressLevelViolation(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "progress")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "progress")
 	rule := []string{"--forbid", "verify_segment>run_user_rpcs"}
 	fs := ofKind(traceFindings(t, rule, prog), "forbidden-nesting", "error")
 	if len(fs) != 1 {

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // Lock lifetimes for every kind of lock, traced with real probes in both
@@ -49,8 +51,8 @@ func findingKeys(fs []finding) []string {
 // c -> d. The addresses were taken in both orders, by different locks: no
 // cycle. Taking the same a, b in both orders is one.
 func TestLockReuseAfterDestroy(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "lifetimes")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "lifetimes")
 	for _, kind := range []string{"spin", "rwlock"} {
 		if _, fs := traceBothModes(t, prog, kind); len(ofKind(fs, "lock-order-cycle", "error")) != 0 {
 			t.Errorf("%s: new locks at old addresses make a cycle: %v", kind, fs)
@@ -65,8 +67,8 @@ func TestLockReuseAfterDestroy(t *testing.T) {
 // pthread_spin_unlock's address; a program that only initialises
 // spinlocks unlocks none.
 func TestSpinInitIsNotUnlock(t *testing.T) {
-	requireBPF(t)
-	rep, _ := traceBothModes(t, buildC(t, "lifetimes"), "spininit")
+	testenv.RequireBPF(t)
+	rep, _ := traceBothModes(t, testenv.Program(t, "lifetimes"), "spininit")
 	calls := rep.Stats.Calls
 	if calls["pthread_spin_unlock"] != 0 || calls["pthread_spin_lock"] != 0 {
 		t.Errorf("spin lock/unlock calls counted in a program that makes none: %v", calls)
@@ -82,8 +84,8 @@ func TestSpinInitIsNotUnlock(t *testing.T) {
 // writers, so one thread reading it twice is a hazard; with the default
 // attribute it is not.
 func TestWriterPreferringRwlock(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "lifetimes")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "lifetimes")
 	_, fs := traceBothModes(t, prog, "writer")
 	var twice []finding
 	for _, f := range ofKind(fs, "self-deadlock", "warning") {
@@ -103,8 +105,8 @@ func TestWriterPreferringRwlock(t *testing.T) {
 // then a -> b and b -> a: a cycle between the new mutexes, in both modes
 // (the kernel's chain cache once hid the new a -> b).
 func TestReinitialisedMutex(t *testing.T) {
-	requireBPF(t)
-	_, fs := traceBothModes(t, buildC(t, "lifetimes"), "remutex")
+	testenv.RequireBPF(t)
+	_, fs := traceBothModes(t, testenv.Program(t, "lifetimes"), "remutex")
 	cycles := ofKind(fs, "lock-order-cycle", "error")
 	// The second lifetimes are named #2: the first ones took no b -> a.
 	if len(cycles) != 1 || !sameSet(cycles[0].Locks, []string{"mutex_a (lifetimes) #2", "mutex_b (lifetimes) #2"}) {

@@ -103,7 +103,6 @@ func newSession(f *traceFlags) (*session, error) {
 		RingBytes:   ring,
 		NoSamples:   f.noSamples,
 		UserProbes:  probes,
-		Forbid:      f.forbid,
 		Warn:        func(s string) { slog.Warn(s) },
 	})
 	if err != nil {

@@ -18,20 +18,14 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // needTool skips when a compiler is missing, except in CI where the tests
 // must run.
 func needTool(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is required in CI: %v", name, err)
-		}
-		t.Skipf("%s not installed: %v", name, err)
-	}
-	return path
+	return testenv.Tool(t, "apt-get install -y gcc g++", name)
 }
 
 // build is a test program made from a testdata source.
@@ -654,12 +648,7 @@ func TestGlibc(t *testing.T) {
 	}
 
 	// Internal functions need the debug file.
-	if _, err := os.Stat(filepath.Join(debugDir, ".build-id")); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("glibc debug symbols are required in CI (install libc6-dbg): %v", err)
-		}
-		t.Skipf("no %s/.build-id (install libc6-dbg to test glibc-internal symbols): %v", debugDir, err)
-	}
+	testenv.File(t, filepath.Join(debugDir, ".build-id"), "apt-get install -y libc6-dbg for glibc-internal symbols")
 	if libc.DebugFile() == "" {
 		t.Fatalf("no debug file found for %s (build ID %s); is libc6-dbg installed for this libc?", path, libc.BuildID())
 	}
@@ -824,7 +813,7 @@ func TestSymbolizeVDSO(t *testing.T) {
 	}
 	v := vdsoObject()
 	if vdsoMap.Start == 0 || v == nil {
-		t.Skip("no vDSO")
+		testenv.Unavailable(t, "no vDSO mapped in the target")
 	}
 	sym, err := v.Func("__vdso_clock_gettime")
 	if err != nil {

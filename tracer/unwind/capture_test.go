@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // The tests in this file run testdata/capture.c, which samples its own stack
@@ -53,9 +55,7 @@ func TestMain(m *testing.M) {
 // built: optimised and without frame pointers.
 func buildCapture(tb testing.TB, extraFlags ...string) string {
 	tb.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		tb.Skip("gcc not installed")
-	}
+	testenv.Tool(tb, "apt-get install -y gcc", "gcc")
 	builds.Lock()
 	defer builds.Unlock()
 	key := strings.Join(extraFlags, " ")
@@ -480,9 +480,7 @@ func TestUnwindThroughSignalFrame(t *testing.T) {
 
 func BenchmarkOpenLibc(b *testing.B) {
 	const path = "/usr/lib/x86_64-linux-gnu/libc.so.6"
-	if _, err := os.Stat(path); err != nil {
-		b.Skip(err)
-	}
+	testenv.File(b, path, "Debian's libc6")
 	for b.Loop() {
 		if _, err := Open(path); err != nil {
 			b.Fatal(err)

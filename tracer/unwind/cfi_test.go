@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // systemObjects are real, optimised x86-64 objects to check the parser
@@ -34,7 +36,7 @@ func existingSystemObjects(t *testing.T) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Skip("no system libraries found")
+		testenv.Unavailable(t, "none of the system libraries %v", systemObjects)
 	}
 	return out
 }
@@ -95,9 +97,7 @@ var (
 // exercises CIE/FDE parsing, the .eh_frame_hdr lookup and the interpreter on
 // everything gcc, clang-built and hand-written glibc assembly emit.
 func TestRowsMatchReadelf(t *testing.T) {
-	if _, err := exec.LookPath("readelf"); err != nil {
-		t.Skip("readelf not installed")
-	}
+	testenv.Tool(t, "apt-get install -y binutils", "readelf")
 	paths := append([]string{buildCapture(t)}, existingSystemObjects(t)...)
 	for _, path := range paths {
 		t.Run(path, func(t *testing.T) {
