@@ -78,6 +78,9 @@ func (a *Analyzer) allocatorCall(t *thread, e *events.Event, inAlloc bool) {
 	}
 	t.allocOp = e.Op
 	t.allocStack = e.Stack
+	if len(t.held) > 0 {
+		a.underLock(t, e)
+	}
 	if len(t.held) == 0 || !t.stream.arenaEnabled {
 		return
 	}
@@ -158,6 +161,7 @@ func (a *Analyzer) hookAcquire(t *thread, q acquisition) {
 	if hold == holdMaybe {
 		t.hook.pending = append(t.hook.pending, pendingHold{edge: ed, dt: dt, s: sg})
 	}
+	a.hookTook(t, q, sg)
 }
 
 // memSyscall handles madvise, munmap and the rest: munmap ends the locks it
@@ -166,6 +170,9 @@ func (a *Analyzer) hookAcquire(t *thread, q acquisition) {
 func (a *Analyzer) memSyscall(t *thread, e *events.Event, inAlloc bool) {
 	if e.Op == events.OpMunmap {
 		t.proc.endRange(e.Addr, e.Size)
+	}
+	if inAlloc {
+		a.sawSyscall(t.proc.hookContext(), t.enclosingAllocOp(e), e.Op)
 	}
 	if !inAlloc || !t.stream.arenaEnabled {
 		return

@@ -37,6 +37,10 @@ type Analyzer struct {
 	reentryList []*reentrySighting
 	nestings    map[int]*nestSighting
 	nestList    []*nestSighting
+
+	// Locks held around an allocator call that can run a hook taking them.
+	hookSelfs    map[hookSelfKey]bool
+	hookSelfList []*hookLink
 }
 
 // New returns an Analyzer with no streams yet.
@@ -236,7 +240,8 @@ func (a *Analyzer) Result() *Result {
 	cycles := a.cycleFindings(names)
 	res.Findings = append(res.Findings, cycles.findings...)
 	res.Findings = append(res.Findings, a.selfFindings(names)...)
-	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges)...)
+	res.Findings = append(res.Findings, a.hookSelfFindings(names)...)
+	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges, a.hookClosed(cycles.edgeFindings))...)
 	res.Findings = append(res.Findings, a.reentryFindings()...)
 	res.Findings = append(res.Findings, a.nestingFindings()...)
 	for _, st := range a.streams {

@@ -3,11 +3,11 @@ package analyzer
 // hookLockFindings reports locks taken by hooks inside allocator calls
 // that are on no reported cycle (informational: the dangerous half of the
 // memory-hook deadlock, or a path that cannot deadlock with the arena).
-func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool) []Finding {
+func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed map[*instance]bool) []Finding {
 	var out []Finding
 	index := map[string]int{}
 	for _, ed := range a.edgeList {
-		if ed.from.typ != typeArena || onCycle[ed] {
+		if ed.from.typ != typeArena || onCycle[ed] || closed[ed.to] {
 			continue
 		}
 		for dt := depType(0); dt < depTypes; dt++ {

@@ -59,6 +59,10 @@ type sighting struct {
 	hook       string    // the function that called the lock
 	hold       arenaHold
 	holdReason string
+
+	// A dependency through a memory hook: the allocator call made under
+	// the held lock can run a hook seen taking the next one.
+	link *hookLink
 }
 
 // edge is a dependency between two lock instances, with one sighting per
@@ -88,13 +92,14 @@ func (a *Analyzer) edgeFor(from, to *instance) *edge {
 }
 
 // lockEdge records h → q.inst. Only the first sighting of each type keeps
-// stacks, unless it was a timed wait and a blocking one comes along.
+// stacks, unless it was a timed wait or a dependency through a hook and a
+// direct blocking one comes along.
 func (a *Analyzer) lockEdge(t *thread, h *heldLock, to *instance, q acquisition, dt depType) {
 	if h.read {
 		dt |= depHeldShared
 	}
 	ed := a.edgeFor(h.inst, to)
-	if old := ed.seen[dt]; old != nil && (!old.timed || q.timed) {
+	if old := ed.seen[dt]; old != nil && (q.timed || (!old.timed && old.link == nil)) {
 		return
 	}
 	s := t.stream
