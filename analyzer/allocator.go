@@ -15,6 +15,9 @@ type hookContext struct {
 	// Hook dependencies whose stacks did not decide the arena question:
 	// a memory syscall later in the same allocator call may.
 	pending []pendingHold
+	// Locks hooks took in this call whose hooked syscall is not known yet:
+	// the next memory syscall of the call is the one the hook wraps.
+	takes []*hookTake
 }
 
 type pendingHold struct {
@@ -29,6 +32,7 @@ func (h *hookContext) reset() {
 	h.hold = holdNone
 	h.holdReason = ""
 	h.pending = h.pending[:0]
+	h.takes = h.takes[:0]
 }
 
 // enclosingAllocOp is the allocator call an in-allocator event runs in.
@@ -172,7 +176,14 @@ func (a *Analyzer) memSyscall(t *thread, e *events.Event, inAlloc bool) {
 		t.proc.endRange(e.Addr, e.Size)
 	}
 	if inAlloc {
-		a.sawSyscall(t.proc.hookContext(), t.enclosingAllocOp(e), e.Op)
+		c := t.proc.hookContext()
+		for _, h := range t.hook.takes {
+			if h.via == "" {
+				h.via = e.Op.String()
+			}
+		}
+		t.hook.takes = t.hook.takes[:0]
+		a.sawSyscall(c, t.enclosingAllocOp(e), e.Op)
 	}
 	if !inAlloc || !t.stream.arenaEnabled {
 		return

@@ -41,11 +41,13 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed ma
 			}
 			f.Detail = hook + " running inside " + s.allocOp.String() + " takes " + lock + ". " + s.holdReason + ". "
 			if s.hold == holdNotHeld {
-				f.Detail += "This path alone cannot deadlock against the allocator."
+				f.Detail += "This path alone cannot deadlock against the allocator. "
 			} else {
 				f.Detail += "No thread was seen calling the allocator while holding " + lock +
-					"; any that does can deadlock with this hook."
+					"; any that does can deadlock with this hook. "
 			}
+			f.Detail += "Any allocator call that can run this hook orders the locks its thread holds before " + lock +
+				"; none of those orders closes a cycle here."
 			out = append(out, f)
 		}
 	}

@@ -124,9 +124,20 @@ type linkKey struct {
 // hookLink is a dependency L → M through a hook: under holds L around an
 // allocator call that can run the hook that takes M.
 type hookLink struct {
+	ctx   *hookCtx
 	under *underCall
 	take  *hookTake
-	path  string // the allocator's path from under.op to the hooked call
+}
+
+// path is the allocator's path from the call under the lock to the hooked
+// call, as known when the result is built (the hooked call may be learnt
+// after the link was made).
+func (l *hookLink) path() string {
+	_, p := l.ctx.reach(l.under.stream, l.under.op, l.take)
+	if p == "" {
+		p = l.under.op.String() + " can run the hook"
+	}
+	return p
 }
 
 func (p *proc) hookContext() *hookCtx {
@@ -157,17 +168,25 @@ func syscallOp(via string) (events.Op, bool) {
 // hook, and by which path.
 func (c *hookCtx) reach(s *stream, entry events.Op, h *hookTake) (bool, string) {
 	sys, known := syscallOp(h.via)
-	if c.seen[entry][sys] && known {
-		return true, entry.String() + " was seen making " + sys.String() + " in this process"
-	}
+	seen := known && c.seen[entry][sys]
 	if s.allocator == "glibc" {
 		if !known {
 			// The hook's call is unknown: every entry point makes some
 			// memory syscall.
 			return true, entry.String() + " can make memory syscalls (the hook's call was not identified)"
 		}
-		p, ok := glibcReach[entry][sys]
-		return ok, "glibc 2.36: " + p
+		if p, ok := glibcReach[entry][sys]; ok {
+			if seen {
+				p += "; seen in this process"
+			}
+			return true, "glibc 2.36: " + p
+		}
+	}
+	if seen {
+		return true, entry.String() + " was seen making " + sys.String() + " in this process"
+	}
+	if s.allocator == "glibc" {
+		return false, ""
 	}
 	// Another allocator: only what it was seen to do.
 	if entry == h.allocOp {
@@ -204,17 +223,31 @@ func (a *Analyzer) underLock(t *thread, e *events.Event) {
 // hookTook records a lock a hook took inside an allocator call.
 func (a *Analyzer) hookTook(t *thread, q acquisition, sg *sighting) {
 	c := t.proc.hookContext()
-	k := takeKey{q.inst.id, sg.allocOp, sg.via, q.read}
+	// What the hook wraps: its own stack, or a probed hook function. Not
+	// a syscall seen earlier in the allocator call: the hook runs before
+	// the call it wraps (an mmap precedes the munmap in alloc_new_heap).
+	via := hookedCall(sg.stack)
+	if via == "" {
+		for i := len(t.probes) - 1; i >= 0 && via == ""; i-- {
+			if t.probes[i].inAlloc {
+				via = t.probes[i].name
+			}
+		}
+	}
+	k := takeKey{q.inst.id, sg.allocOp, via, q.read}
 	if c.takes[k] != nil {
 		return
 	}
 	h := &hookTake{
 		inst: q.inst, op: q.op, read: q.read, recursive: q.recursive, timed: q.timed,
-		stack: sg.stack, allocOp: sg.allocOp, allocStack: sg.heldStack, via: sg.via,
+		stack: sg.stack, allocOp: sg.allocOp, allocStack: sg.heldStack, via: via,
 		stream: t.stream, pid: t.pid, tid: t.tid,
 	}
 	c.takes[k] = h
 	c.takeList = append(c.takeList, h)
+	if via == "" {
+		t.hook.takes = append(t.hook.takes, h)
+	}
 	if sys, ok := syscallOp(h.via); ok {
 		a.sawSyscall(c, h.allocOp, sys)
 	}
@@ -250,12 +283,11 @@ func (a *Analyzer) hookLink(c *hookCtx, u *underCall, h *hookTake) {
 	if c.links[lk] {
 		return
 	}
-	ok, path := c.reach(u.stream, u.op, h)
-	if !ok {
+	if ok, _ := c.reach(u.stream, u.op, h); !ok {
 		return
 	}
 	c.links[lk] = true
-	link := &hookLink{under: u, take: h, path: path}
+	link := &hookLink{ctx: c, under: u, take: h}
 	if u.inst == h.inst {
 		a.hookSelf(link)
 		return
@@ -377,7 +409,7 @@ func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 		}
 		f.Detail = "A thread holds " + lock + " around " + u.op.String() + " at " + site(allocCallerFrame(u.allocStack)) +
 			". " + capitalize(hook) + " was seen taking " + lock + " inside " + h.allocOp.String() + " at " + site(callerFrame(h.stack)) +
-			". The allocator call can run that hook (" + l.path + "). When it does, " + lock + " is " + why +
+			". The allocator call can run that hook (" + l.path() + "). When it does, " + lock + " is " + why +
 			". This run did not hang: the two paths were seen separately. Fix: do not call the allocator with " + lock + " held, or do not take it in the hook."
 		e1 := Edge{
 			From: lock, To: alloc, Thread: u.tid, ThreadName: u.stream.threadName(u.tid), PID: u.pid, Source: u.stream.source,
@@ -388,7 +420,7 @@ func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 		e2 := Edge{
 			From: alloc, To: lock, Thread: h.tid, ThreadName: h.stream.threadName(h.tid), PID: h.pid, Source: h.stream.source,
 			Context: hook + " running inside " + h.allocOp.String() + " takes " + lock + " at " + site(callerFrame(h.stack)) +
-				"; the path from " + u.op.String() + ": " + l.path,
+				"; the path from " + u.op.String() + ": " + l.path(),
 		}
 		e2.Stack, e2.StackTruncated = framesOf(h.stack)
 		if h.allocStack != nil {
@@ -442,7 +474,7 @@ func hookEdgeContext(n *naming, ed *edge, s *sighting) string {
 	l := s.link
 	return l.under.op.String() + " called while holding " + n.of(ed.from) + " (taken by " + l.under.heldOp.String() +
 		") can run the memory hook" + viaText(l.take.via) + " that was seen taking " + n.of(ed.to) + " inside " +
-		l.take.allocOp.String() + " at " + site(callerFrame(l.take.stack)) + " (thread " + itoa(uint64(l.take.tid)) + "); " + l.path
+		l.take.allocOp.String() + " at " + site(callerFrame(l.take.stack)) + " (thread " + itoa(uint64(l.take.tid)) + "); " + l.path()
 }
 
 func hookName(via string) string {
@@ -464,7 +496,7 @@ func hookCycleStory(n *naming, cyc []cycleStep) string {
 		l := s.link
 		b.WriteString("The dependency " + n.of(st.edge.from) + " → " + n.of(st.edge.to) + " goes through a memory hook: a thread holding " +
 			n.of(st.edge.from) + " calls " + l.under.op.String() + ", which can run the " + hookName(l.take.via) +
-			" that was seen taking " + n.of(st.edge.to) + " inside " + l.take.allocOp.String() + " (" + l.path + "). ")
+			" that was seen taking " + n.of(st.edge.to) + " inside " + l.take.allocOp.String() + " (" + l.path() + "). ")
 	}
 	b.WriteString("Threads running these paths at the same time can each hold one lock and wait for the next: a deadlock, even if this run did not hang.")
 	return b.String()

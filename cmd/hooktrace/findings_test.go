@@ -158,7 +158,8 @@ func TestThreeLockRing(t *testing.T) {
 // its arena edge's stack going through free and glibc's _int_free (seen
 // only by unwinding glibc, which has no frame pointers) into the hook.
 // The twin frees a large mmapped block instead (munmap_chunk → munmap:
-// glibc holds no arena lock there) and must give no error.
+// glibc holds no arena lock there) and must give no cycle, only the
+// hazard of reg_lock on itself through the hook context.
 func TestOpenMPIMadviseHook(t *testing.T) {
 	requireBPF(t)
 	prog := buildC(t, "ompi")
@@ -188,10 +189,12 @@ func TestOpenMPIMadviseHook(t *testing.T) {
 	if fs := ofKind(twin, "lock-order-cycle", "error"); len(fs) != 0 {
 		t.Errorf("munmap_chunk path holds no arena lock: want no error, got %v", fs)
 	}
-	// The hook still takes a lock inside free: worth knowing, not a bug.
-	if fs := ofKind(twin, "hook-lock", "info"); len(fs) != 1 || !sameSet(fs[0].Locks, []string{"reg_lock (ompi)"}) ||
-		!fs[0].edgeStackHas(0, "unmap_hook") {
-		t.Errorf("munmap twin: want one hook-lock info on reg_lock (ompi) through unmap_hook, got %v", fs)
+	// But malloc can munmap too (a new arena, a new heap: the registrar's
+	// first malloc is seen doing it), and register_region holds reg_lock
+	// around one: the hook would then wait for its own thread.
+	if fs := ofKind(twin, "self-deadlock", "error"); len(fs) != 1 || !sameSet(fs[0].Locks, []string{"reg_lock (ompi)"}) ||
+		!fs[0].edgeStackHas(0, "malloc", "register_region") || !fs[0].edgeStackHas(1, "pthread_mutex_lock", "unmap_hook") {
+		t.Errorf("munmap twin: want one self-deadlock hazard on reg_lock (ompi), malloc in register_region and the lock in unmap_hook, got %v", twin)
 	}
 }
 
@@ -216,3 +219,63 @@ func TestProgressLevelViolation(t *testing.T) {
 }
 
 var _ = fmt.Sprint
+
+// TestHookContext: a munmap hook takes hook_lock inside a thread's first
+// malloc (glibc trims the new arena's heap with munmap, no arena lock
+// held). In both modes:
+//   - self: another malloc is called with hook_lock held: a self-deadlock
+//     hazard (error) showing the allocator call under the lock and the
+//     hook's stack through _int_new_arena;
+//   - cross: cfg_lock is held around malloc, another thread takes
+//     hook_lock then cfg_lock: a cycle through the hook (error);
+//   - consistent: the other thread takes cfg_lock then hook_lock, the
+//     order the hook implies: no error, the hook-lock info only.
+func TestHookContext(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "hookctx")
+	for _, mode := range []string{"aggregate", "full"} {
+		t.Run(mode, func(t *testing.T) {
+			extra := []string{"--mode", mode}
+			self := traceFindings(t, extra, prog, "self")
+			fs := ofKind(self, "self-deadlock", "error")
+			if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"hook_lock (hookctx)"}) || len(fs[0].Edges) != 2 ||
+				!strings.Contains(fs[0].Title, "hazard") {
+				t.Fatalf("self: want one self-deadlock hazard on hook_lock (hookctx), got %v", self)
+			}
+			if !fs[0].edgeStackHas(0, "malloc", "alloc_under", "main") {
+				t.Errorf("self: edge 0 should show malloc called in alloc_under:\n%v", fs[0])
+			}
+			if !fs[0].edgeStackHas(1, "pthread_mutex_lock", "munmap_hook", "_int_new_arena", "malloc", "make_arena") {
+				t.Errorf("self: edge 1 should show the hook under _int_new_arena in make_arena's malloc:\n%v", fs[0])
+			}
+			if len(ofKind(self, "hook-lock", "info")) != 0 {
+				t.Errorf("self: the hook-lock info is superseded by the hazard: %v", self)
+			}
+
+			cross := traceFindings(t, extra, prog, "cross")
+			cs := ofKind(cross, "lock-order-cycle", "error")
+			if len(cs) != 1 || !sameSet(cs[0].Locks, []string{"hook_lock (hookctx)", "cfg_lock (hookctx)"}) ||
+				!strings.Contains(cs[0].Title, "memory hook") {
+				t.Fatalf("cross: want one cycle through the hook on cfg_lock and hook_lock, got %v", cross)
+			}
+			var direct, hook bool
+			for i := range cs[0].Edges {
+				direct = direct || cs[0].edgeStackHas(i, "pthread_mutex_lock", "hook_then_cfg")
+				hook = hook || cs[0].edgeStackHas(i, "pthread_mutex_lock", "munmap_hook", "_int_new_arena", "malloc")
+			}
+			if !direct || !hook {
+				t.Errorf("cross: want the edge taken in hook_then_cfg and the hook edge through _int_new_arena:\n%v", cs[0])
+			}
+
+			quiet := traceFindings(t, extra, prog, "consistent")
+			for _, f := range quiet {
+				if f.Severity == "error" || f.Severity == "warning" {
+					t.Errorf("consistent: want no error or warning, got %v", f)
+				}
+			}
+			if hl := ofKind(quiet, "hook-lock", "info"); len(hl) != 1 || !sameSet(hl[0].Locks, []string{"hook_lock (hookctx)"}) {
+				t.Errorf("consistent: want the hook-lock info on hook_lock (hookctx), got %v", quiet)
+			}
+		})
+	}
+}
