@@ -77,6 +77,62 @@
 // jemalloc, whose locks are pthread locks and are traced as such) there is
 // no pseudo-lock; an empty Header.Allocator means glibc.
 //
+// # The allocator as a hook context
+//
+// As lockdep's fs_reclaim pseudo-lock: once a memory hook of a process was
+// seen taking lock M inside an allocator call, every allocator call that
+// can make the syscall the hook wraps, made while holding L, may run the
+// hook, so L → M "through the hook", whether or not the allocator holds a
+// lock of its own on that path. The hook's call is its own stack's libc
+// wrapper or a hook function named after it, else the first memory
+// syscall of the allocator call after the hook's lock (a patched entry
+// runs the hook, then the real call), else a probed hook function; when
+// none names a syscall, every entry point counts.
+//   - L == M, non-recursive: a self-deadlock hazard (error), from a run
+//     that did not hang, with the stack of the allocator call under L, the
+//     hook's stack, and the glibc path that connects them;
+//   - L == M, recursive (or error-checking, or a rwlock whose writer
+//     glibc detects): a hook-lock warning; a read held and a recursive
+//     read in the hook: nothing;
+//   - L != M: the dependency joins the graph; a cycle through it is a
+//     lock-order cycle (error) whose hook edge says which allocator call,
+//     which hook and which glibc path. A direct sighting of L → M replaces
+//     the hook one as the edge's example.
+//
+// Which glibc 2.36 entry points can make which memory syscalls (malloc.c,
+// arena.c), conservatively: a rare path counts.
+//
+//	entry                        munmap  mmap  brk  madvise  mremap
+//	malloc calloc valloc pvalloc   yes    yes  yes     -        -
+//	posix_memalign aligned_alloc   yes    yes  yes    yes       -
+//	  memalign
+//	free                           yes    yes  yes    yes       -
+//	realloc                        yes    yes  yes    yes      yes
+//
+//   - munmap from malloc: arena_get2 → _int_new_arena → new_heap →
+//     alloc_new_heap trims a new heap's mapping to its alignment (a
+//     thread's first call), and sysmalloc → new_heap when a non-main arena
+//     grows; from free: munmap_chunk (an mmapped chunk), heap_trim →
+//     delete_heap.
+//   - mmap: sysmalloc (large chunks, new heaps, brk failing); free:
+//     shrink_heap's MAP_FIXED remap when overcommit is strict.
+//   - brk: sysmalloc grows the main arena; free's systrim shrinks it.
+//   - madvise: free's heap_trim → shrink_heap (MADV_DONTNEED), and
+//     _int_memalign frees the head and tail it does not use, so the
+//     memalign family trims like free. malloc is left out on purpose: its
+//     only madvise calls are madvise_thp (the non-default
+//     glibc.malloc.hugetlb=1 tunable) and trimming, through sysmalloc's
+//     _int_free of a full heap's old top, the heap it just made for the
+//     request; counting them would turn every madvise hook that takes a
+//     lock held around any malloc into an error no run has shown. A
+//     process that does make one is seen doing it, and then it counts.
+//   - mremap: only realloc of an mmapped chunk (mremap_chunk).
+//
+// With another allocator (Header.Allocator, e.g. jemalloc) only what it is
+// seen to do counts: the entry point the hook ran in, and any entry point
+// seen making the hook's syscall (or, the hook's call unknown, any memory
+// syscall) in that process.
+//
 // # Hooks and the allocator on one thread
 //
 // A hook inside an allocator call that takes a lock its thread held since

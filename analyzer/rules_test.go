@@ -703,7 +703,14 @@ func edgeContexts(f Finding) []string {
 }
 
 func TestRules(t *testing.T) {
-	for _, c := range ruleCases() {
+	runRuleCases(t, ruleCases())
+}
+
+// runRuleCases builds each case's trace, analyses it and checks the kinds
+// and severities of every finding, then the case's own checks.
+func runRuleCases(t *testing.T, cases []ruleCase) {
+	t.Helper()
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := named(newTrace(100, c.header))
 			c.build(b)
