@@ -109,6 +109,7 @@
 //	free                           yes    yes  yes    yes       -
 //	realloc                        yes    yes  yes    yes      yes
 //
+// The paths:
 //   - munmap from malloc: arena_get2 → _int_new_arena → new_heap →
 //     alloc_new_heap trims a new heap's mapping to its alignment (a
 //     thread's first call), and sysmalloc → new_heap when a non-main arena
