@@ -41,6 +41,11 @@ type Analyzer struct {
 	// Locks held around an allocator call that can run a hook taking them.
 	hookSelfs    map[hookSelfKey]bool
 	hookSelfList []*hookLink
+
+	// The trace's own contradictions.
+	checks    TraceChecks
+	incons    map[incKey]*inconsistency
+	inconList []*inconsistency
 }
 
 // New returns an Analyzer with no streams yet.
@@ -172,6 +177,10 @@ func (a *Analyzer) event(e *events.Event) {
 		}
 	}
 	t := s.thread(e.PID, e.TID)
+	if t.outlived != nil {
+		a.checkOutlived(t, e)
+	}
+	defer t.note(e)
 
 	inAlloc := e.Flags&events.FlagInAlloc != 0 || t.probesInAlloc > 0
 	if !inAlloc && t.hook.active && !op.IsUnlock() {
@@ -195,7 +204,9 @@ func (a *Analyzer) event(e *events.Event) {
 	case op.IsLockAcquire():
 		a.acquire(t, e, inAlloc)
 	case op.IsUnlock():
-		t.release(e.Addr, false)
+		if !t.release(e.Addr, false) {
+			a.unheldUnlock(t, e, e.Addr)
+		}
 	case op.IsMemSyscall():
 		a.memSyscall(t, e, inAlloc)
 	default:
@@ -212,7 +223,9 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 	case events.OpCondWait, events.OpCondTimedwait:
 		if e.Flags&events.FlagReturn == 0 {
 			// Waiting releases the mutex completely.
-			t.release(e.Addr2, true)
+			if !t.release(e.Addr2, true) {
+				a.unheldUnlock(t, e, e.Addr2)
+			}
 		} else {
 			// It is taken back whatever the result (a timeout too).
 			a.condRetake(t, e, inAlloc)
@@ -241,6 +254,7 @@ func (a *Analyzer) Result() *Result {
 	res.Findings = append(res.Findings, cycles.findings...)
 	res.Findings = append(res.Findings, a.selfFindings(names)...)
 	res.Findings = append(res.Findings, a.hookSelfFindings(names)...)
+	res.Findings = append(res.Findings, a.inconsistencyFindings(names)...)
 	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges, a.hookClosed(cycles.edgeFindings))...)
 	res.Findings = append(res.Findings, a.reentryFindings()...)
 	res.Findings = append(res.Findings, a.nestingFindings()...)

@@ -53,6 +53,9 @@ const (
 	KindHookLock         Kind = "hook-lock"
 	KindForbiddenNesting Kind = "forbidden-nesting"
 	KindDeadlock         Kind = "deadlock"
+	// KindTraceInconsistency: records that cannot all be true (a lost or
+	// misattributed event); never an error.
+	KindTraceInconsistency Kind = "trace-inconsistency"
 )
 
 // Result is what an analysis found.

@@ -70,6 +70,10 @@ type thread struct {
 	allocStack uint32
 
 	hook hookContext
+
+	prev       prevEvent     // the thread's latest event
+	outlived   *selfSighting // a self-deadlock the thread's next event contradicts
+	selfBefore prevEvent     // the event before that self-deadlock
 }
 
 type activeProbe struct {
@@ -90,27 +94,30 @@ func (t *thread) findHeld(addr uint64) int {
 }
 
 // release drops one level of the lock at addr (all of it when all is set,
-// as cond_wait does). Unlocks of locks the thread does not hold (lost
-// events, or a lock handed between threads) are counted and ignored.
-func (t *thread) release(addr uint64, all bool) {
+// as cond_wait does). It reports false, and counts the unlock, when the
+// thread does not hold the lock (lost events, or a lock handed between
+// threads).
+func (t *thread) release(addr uint64, all bool) bool {
 	i := t.findHeld(addr)
 	if i < 0 {
 		t.stream.unbalanced++
-		return
+		return false
 	}
 	h := &t.held[i]
 	h.depth--
 	if h.depth > 0 && !all {
-		return
+		return true
 	}
 	// Keep the order of the others: out-of-order unlocks are common.
 	copy(t.held[i:], t.held[i+1:])
 	t.held = t.held[:len(t.held)-1]
+	return true
 }
 
 // exit forgets a thread's state; a TID can be reused later.
 func (t *thread) exit() {
 	t.held = t.held[:0]
+	t.outlived = nil
 	t.probes = t.probes[:0]
 	t.probesInAlloc = 0
 	t.allocOp = events.OpNone
@@ -242,6 +249,9 @@ func (a *Analyzer) retake(t *thread, i int, q acquisition) {
 	case h.inst.typ == typeMutex && h.inst.errorCheck:
 		a.selfLock(t, h, q, selfErrorCheck)
 	default:
+		// It waits forever, unless the trace is wrong: then the thread goes
+		// on holding it once more (its next event checks).
+		h.depth++
 		a.selfLock(t, h, q, selfDeadlock)
 	}
 }

@@ -45,6 +45,10 @@ func TextGate(w io.Writer, g *Gate) error {
 		st.Events, st.LostEvents, plural(st.Threads, "thread"), plural(st.Locks, "lock"),
 		plural(st.LockClasses, "class"), plural(st.Dependencies, "lock dependency"), exitText(st))
 	p.line("calls: %s", callsText(st.Calls))
+	tc := st.TraceChecks
+	// Always printed: a tracer that starts losing events shows here.
+	p.line("trace checks: %d impossible self-deadlocks, %d unlocks of unheld locks, %d unlocks by another thread",
+		tc.ImpossibleSelfDeadlocks, tc.UnheldUnlocks, tc.ForeignUnlocks)
 	for _, warn := range st.Warnings {
 		p.line("warning: %s", warn)
 	}
