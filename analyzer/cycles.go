@@ -40,7 +40,7 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		}
 		canon := canonicalRotation(keys)
 		gk := strings.Join(canon, "\x00")
-		sev := cycleSeverity(cyc)
+		sev := guardedSeverity(cyc)
 		g := groups[gk]
 		if g == nil {
 			g = &cycleGroup{classKeys: canon, rep: cyc, sev: sev}
@@ -173,6 +173,7 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 		d = append(d, "Seen on "+itoa(g.count)+" sets of lock instances of the same classes.")
 	}
 	f.Detail = strings.Join(d, " ")
+	describeGate(n, &f, cyc)
 	return f
 }
 

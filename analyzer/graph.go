@@ -70,6 +70,10 @@ type sighting struct {
 type edge struct {
 	from, to *instance
 	seen     [depTypes]*sighting
+	// Goodlock's gate candidates: the locks held exclusively at every
+	// sighting, besides from and to (guardSeen once there was one).
+	guards    []*instance
+	guardSeen bool
 	// Allocator → lock dependencies: how many sightings had each hold
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).
@@ -99,6 +103,7 @@ func (a *Analyzer) lockEdge(t *thread, h *heldLock, to *instance, q acquisition,
 		dt |= depHeldShared
 	}
 	ed := a.edgeFor(h.inst, to)
+	t.guard(ed)
 	if old := ed.seen[dt]; old != nil && (q.timed || (!old.timed && old.link == nil)) {
 		return
 	}

@@ -300,6 +300,7 @@ func (a *Analyzer) hookLink(c *hookCtx, u *underCall, h *hookTake) {
 		dt |= depRecursiveRead
 	}
 	ed := a.edgeFor(u.inst, h.inst)
+	ed.unguard()
 	if ed.seen[dt] != nil {
 		// Seen directly, or through another hook: the first one explains.
 		return

@@ -239,6 +239,9 @@ func (p *printer) finding(n int, f *analyzer.Finding, verdict string) error {
 	if hook := hookText(f); hook != "" {
 		p.wrapped(in, "hook:    ", hook)
 	}
+	if f.Gate != "" {
+		p.wrapped(in, "guard:   ", "every path holds "+f.Gate+" (a guarded cycle: not a deadlock while that holds)")
+	}
 	if f.Occurrences > 1 {
 		p.line("%sseen:    %d times", in, f.Occurrences)
 	}
