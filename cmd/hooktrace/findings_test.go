@@ -17,6 +17,7 @@ type finding struct {
 	Severity string   `json:"severity"`
 	Title    string   `json:"title"`
 	Locks    []string `json:"locks"`
+	Gate     string   `json:"gate"`
 	Edges    []struct {
 		From   string `json:"from"`
 		To     string `json:"to"`
@@ -275,6 +276,44 @@ func TestHookContext(t *testing.T) {
 			}
 			if hl := ofKind(quiet, "hook-lock", "info"); len(hl) != 1 || !sameSet(hl[0].Locks, []string{"hook_lock (hookctx)"}) {
 				t.Errorf("consistent: want the hook-lock info on hook_lock (hookctx), got %v", quiet)
+			}
+		})
+	}
+}
+
+// TestGuardedCycle: cache_lock and stats_lock inverted by two threads,
+// both under gate_lock: a warning naming the gate, not an error. When a
+// third thread takes the inverted order without the gate: an error. Both
+// modes.
+func TestGuardedCycle(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "gated")
+	locks := []string{"cache_lock (gated)", "stats_lock (gated)"}
+	for _, mode := range []string{"aggregate", "full"} {
+		t.Run(mode, func(t *testing.T) {
+			extra := []string{"--mode", mode}
+			guarded := traceFindings(t, extra, prog)
+			if errs := ofKind(guarded, "lock-order-cycle", "error"); len(errs) != 0 {
+				t.Errorf("guarded: want no error, got %v", errs)
+			}
+			ws := ofKind(guarded, "lock-order-cycle", "warning")
+			if len(ws) != 1 || !sameSet(ws[0].Locks, locks) || ws[0].Gate != "gate_lock (gated)" ||
+				!strings.Contains(ws[0].Title, "guarded by gate_lock (gated)") {
+				t.Fatalf("guarded: want one warning on cache_lock and stats_lock naming gate_lock (gated), got %v", guarded)
+			}
+			var upd, rep bool
+			for i := range ws[0].Edges {
+				upd = upd || ws[0].edgeStackHas(i, "pthread_mutex_lock", "update_cache")
+				rep = rep || ws[0].edgeStackHas(i, "pthread_mutex_lock", "report_stats")
+			}
+			if !upd || !rep {
+				t.Errorf("guarded: edge stacks lack update_cache / report_stats:\n%v", ws[0])
+			}
+
+			skip := traceFindings(t, extra, prog, "skip")
+			es := ofKind(skip, "lock-order-cycle", "error")
+			if len(es) != 1 || !sameSet(es[0].Locks, locks) || es[0].Gate != "" {
+				t.Fatalf("skip: want one error on cache_lock and stats_lock with no gate, got %v", skip)
 			}
 		})
 	}
