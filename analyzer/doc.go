@@ -150,6 +150,52 @@
 // with --probe) is broken when INNER is entered while OUTER is active on the
 // same thread: entered and not exited, or a frame of INNER's entry stack.
 //
+// # Guarded cycles
+//
+// A cycle whose every dependency was only ever taken while its thread held
+// one same other lock exclusively (Goodlock's gate) cannot deadlock: its
+// paths exclude each other. It is a warning naming the gate ("cannot
+// deadlock while every path holds gate_lock; it will the day one path
+// stops taking it"), not an error. Each dependency keeps the intersection
+// of the locks held exclusively at each of its sightings; a cycle's gate is
+// a lock in all of its dependencies' sets and not on the cycle. A lock
+// held for reading guards nothing (readers run side by side); a dependency
+// through a hook or the allocator is never guarded. A class cycle is
+// guarded only when every instance cycle merged into it is.
+//
+// # Trace inconsistencies
+//
+// The analyzer checks its own evidence. A thread that takes a non-recursive
+// lock it holds waits forever; if it records another event, the trace is
+// wrong (a lost unlock, a failed trylock read as a success, another lock
+// at the same address), and the finding would be impossible: it becomes a
+// trace-inconsistency warning with the events around it (the error stands
+// when some sighting was not outlived). An unlock of a lock no thread
+// holds, and an unlock of a lock another thread holds (then released from
+// that thread), are inconsistencies too; in an attach (a header with no
+// command) a lock never seen before may have been taken before the attach,
+// and its unlock is not counted. Stats.TraceChecks counts all three in
+// every report.
+//
+// # Peers
+//
+// peer_test.go replays ThreadSanitizer's deadlock-detector stress scenarios
+// (mutexes, spinlocks, rwlocks, recursive mutexes; trylock edges; cycles of
+// 2 to 30 locks) and liblockdep's sequences (AA, ABBA, ABBCCA, ABBCCDDA,
+// ABCABC, ABCDBCDA, ABCDBDDA, WW, unlock balance). hooktrace agrees, except
+// on purpose:
+//   - read-read cycles of reader-preferring rwlocks (glibc's default):
+//     TSan reports them; a reader never waits for a reader there, so
+//     hooktrace does not (a writer-preferring rwlock's are reported);
+//   - TSan's detector forgets its lock graph once more than 4096 locks were
+//     seen; hooktrace keeps every dependency for the whole trace (memory
+//     grows with instances and edges, never with events);
+//   - WW: liblockdep reports a deadlock; glibc's rwlock knows its writer
+//     and fails the second wrlock with EDEADLK, so hooktrace warns;
+//   - unlock balance: liblockdep reports the program; hooktrace, seeing the
+//     program through probes, reports the records as a trace inconsistency
+//     (a lost event and a program bug look alike from outside).
+//
 // # Cycles
 //
 // Cycles are found without enumerating them: Tarjan's strongly connected
