@@ -180,7 +180,6 @@ func (a *Analyzer) event(e *events.Event) {
 	if t.outlived != nil {
 		a.checkOutlived(t, e)
 	}
-	defer t.note(e)
 
 	inAlloc := e.Flags&events.FlagInAlloc != 0 || t.probesInAlloc > 0
 	if !inAlloc && t.hook.active && !op.IsUnlock() {
@@ -212,6 +211,7 @@ func (a *Analyzer) event(e *events.Event) {
 	default:
 		a.otherEvent(t, e, inAlloc)
 	}
+	t.note(e)
 }
 
 func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
