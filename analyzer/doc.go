@@ -173,8 +173,9 @@
 // when some sighting was not outlived). An unlock of a lock no thread
 // holds, and an unlock of a lock another thread holds (then released from
 // that thread), are inconsistencies too; in an attach (a header with no
-// command) a lock never seen before may have been taken before the attach,
-// and its unlock is not counted. Stats.TraceChecks counts all three in
+// command) a thread's unlock of a lock it was never seen taking is not
+// counted: it may have taken the lock before the attach (and a waiter,
+// traced at its lock call's entry, is not the holder). Stats.TraceChecks counts all three in
 // every report.
 //
 // # Peers

@@ -17,8 +17,9 @@ type TraceChecks struct {
 	// A thread took a non-recursive lock it held, which waits forever,
 	// then recorded more events.
 	ImpossibleSelfDeadlocks uint64 `json:"impossible_self_deadlocks"`
-	// Unlocks of a lock no thread was seen holding (in an attach, locks
-	// never seen before are not counted: they may predate it).
+	// Unlocks of a lock no thread was seen holding (in an attach, a
+	// thread's unlocks of locks it was never seen taking are not counted:
+	// it may have taken them before).
 	UnheldUnlocks uint64 `json:"unheld_unlocks"`
 	// Unlocks of a lock another thread holds.
 	ForeignUnlocks uint64 `json:"foreign_unlocks"`
@@ -128,10 +129,15 @@ func (a *Analyzer) addInconsistency(k incKey, r *inconsistency) {
 
 // unheldUnlock handles an unlock of addr by a thread that does not hold
 // it: another thread's lock is released from that thread; a lock nobody
-// holds is counted, unless the trace is an attach and the lock was never
-// seen (it was taken before the attach).
+// holds is counted. In an attach, a thread's unlock of a lock it was never
+// seen taking is neither: it took it before the attach.
 func (a *Analyzer) unheldUnlock(t *thread, e *events.Event, addr uint64) {
 	inst := t.proc.live[addr]
+	if t.stream.attached() && !t.took[addr] {
+		// This thread may have taken it before the attach (and another
+		// thread's lock call, traced at its entry, may be waiting for it).
+		return
+	}
 	for _, o := range t.stream.threads {
 		if o == t || o.pid != t.pid {
 			continue
@@ -143,9 +149,6 @@ func (a *Analyzer) unheldUnlock(t *thread, e *events.Event, addr uint64) {
 			a.recordUnlock(t, e, incForeign, h.inst, o.tid, t.stream.stack(h.stack))
 			return
 		}
-	}
-	if inst == nil && t.stream.attached() {
-		return
 	}
 	a.checks.UnheldUnlocks++
 	if inst == nil {

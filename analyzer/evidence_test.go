@@ -134,6 +134,24 @@ func evidenceCases() []ruleCase {
 			want: []want{{KindTraceInconsistency, SeverityWarning}},
 		},
 		{
+			// Thread 1 took lock_a before the attach; thread 2's lock call,
+			// traced at its entry, waits for it. Thread 1's unlock is not
+			// another thread's lock being released.
+			name:   "attach: a waiter is not the holder",
+			header: &events.Header{},
+			build: func(b *trace) {
+				lk(b, 2, lockA, "waiter")
+				b.unlock(1, lockA)
+				lk(b, 2, lockB, "waiter")
+				b.unlock(2, lockB).unlock(2, lockA)
+			},
+			check: func(t *testing.T, res *Result) {
+				if res.Stats.TraceChecks.Total() != 0 || res.Stats.Dependencies != 1 {
+					t.Errorf("checks %+v, dependencies %d (want lock_a → lock_b)", res.Stats.TraceChecks, res.Stats.Dependencies)
+				}
+			},
+		},
+		{
 			name:   "lock released by another thread",
 			header: runHeader(),
 			build: func(b *trace) {

@@ -74,6 +74,9 @@ type thread struct {
 	prev       prevEvent     // the thread's latest event
 	outlived   *selfSighting // a self-deadlock the thread's next event contradicts
 	selfBefore prevEvent     // the event before that self-deadlock
+	// In an attach, the lock addresses the thread was seen taking: an
+	// unlock of any other may release a lock taken before the attach.
+	took map[uint64]bool
 }
 
 type activeProbe struct {
@@ -195,6 +198,12 @@ func (a *Analyzer) take(t *thread, q acquisition) {
 	if i := t.findHeld(q.addr); i >= 0 {
 		a.retake(t, i, q)
 		return
+	}
+	if t.stream.attached() {
+		if t.took == nil {
+			t.took = map[uint64]bool{}
+		}
+		t.took[q.addr] = true
 	}
 	if !q.try {
 		dt := depType(0)
