@@ -177,7 +177,8 @@ func (a *Analyzer) event(e *events.Event) {
 		}
 	}
 	t := s.thread(e.PID, e.TID)
-	if t.outlived != nil {
+	if t.outlived != nil && e.Op != events.OpThreadExit {
+		// (A thread killed while it waits forever still exits.)
 		a.checkOutlived(t, e)
 	}
 

@@ -72,6 +72,16 @@ func evidenceCases() []ruleCase {
 			},
 		},
 		{
+			name:   "a thread killed while it waits for itself still exits",
+			header: runHeader(),
+			build: func(b *trace) {
+				spin(b, 1, events.OpSpinLock, lockA, "f")
+				spin(b, 1, events.OpSpinLock, lockA, "g")
+				b.event(events.Event{TID: 1, Op: events.OpThreadExit})
+			},
+			want: []want{{KindSelfDeadlock, SeverityError}},
+		},
+		{
 			name:   "one sighting outlived, one not: the error stands",
 			header: runHeader(),
 			build: func(b *trace) {
