@@ -37,6 +37,15 @@ type Analyzer struct {
 	reentryList []*reentrySighting
 	nestings    map[int]*nestSighting
 	nestList    []*nestSighting
+
+	// Locks held around an allocator call that can run a hook taking them.
+	hookSelfs    map[hookSelfKey]bool
+	hookSelfList []*hookLink
+
+	// The trace's own contradictions.
+	checks    TraceChecks
+	incons    map[incKey]*inconsistency
+	inconList []*inconsistency
 }
 
 // New returns an Analyzer with no streams yet.
@@ -168,6 +177,10 @@ func (a *Analyzer) event(e *events.Event) {
 		}
 	}
 	t := s.thread(e.PID, e.TID)
+	if t.outlived != nil && e.Op != events.OpThreadExit {
+		// (A thread killed while it waits forever still exits.)
+		a.checkOutlived(t, e)
+	}
 
 	inAlloc := e.Flags&events.FlagInAlloc != 0 || t.probesInAlloc > 0
 	if !inAlloc && t.hook.active && !op.IsUnlock() {
@@ -191,12 +204,15 @@ func (a *Analyzer) event(e *events.Event) {
 	case op.IsLockAcquire():
 		a.acquire(t, e, inAlloc)
 	case op.IsUnlock():
-		t.release(e.Addr, false)
+		if !t.release(e.Addr, false) {
+			a.unheldUnlock(t, e, e.Addr)
+		}
 	case op.IsMemSyscall():
 		a.memSyscall(t, e, inAlloc)
 	default:
 		a.otherEvent(t, e, inAlloc)
 	}
+	t.note(e)
 }
 
 func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
@@ -211,7 +227,9 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 	case events.OpCondWait, events.OpCondTimedwait:
 		if e.Flags&events.FlagReturn == 0 {
 			// Waiting releases the mutex completely.
-			t.release(e.Addr2, true)
+			if !t.release(e.Addr2, true) {
+				a.unheldUnlock(t, e, e.Addr2)
+			}
 		} else {
 			// It is taken back whatever the result (a timeout too).
 			a.condRetake(t, e, inAlloc)
@@ -239,7 +257,9 @@ func (a *Analyzer) Result() *Result {
 	cycles := a.cycleFindings(names)
 	res.Findings = append(res.Findings, cycles.findings...)
 	res.Findings = append(res.Findings, a.selfFindings(names)...)
-	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges)...)
+	res.Findings = append(res.Findings, a.hookSelfFindings(names)...)
+	res.Findings = append(res.Findings, a.inconsistencyFindings(names)...)
+	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges, a.hookClosed(cycles.edgeFindings))...)
 	res.Findings = append(res.Findings, a.reentryFindings()...)
 	res.Findings = append(res.Findings, a.nestingFindings()...)
 	for _, st := range a.streams {

@@ -40,7 +40,7 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		}
 		canon := canonicalRotation(keys)
 		gk := strings.Join(canon, "\x00")
-		sev := cycleSeverity(cyc)
+		sev := guardedSeverity(cyc)
 		g := groups[gk]
 		if g == nil {
 			g = &cycleGroup{classKeys: canon, rep: cyc, sev: sev}
@@ -113,10 +113,11 @@ func cycleSeverity(cyc []cycleStep) Severity {
 func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	cyc := g.rep
 	labels := make([]string, len(cyc))
-	hasArena, hasRead, hasTimed := false, false, false
+	hasArena, hasRead, hasTimed, hasHook := false, false, false, false
 	for i, st := range cyc {
 		labels[i] = n.of(st.edge.from)
 		s := st.edge.seen[st.dt]
+		hasHook = hasHook || s.link != nil
 		hasArena = hasArena || st.edge.from.typ == typeArena
 		hasRead = hasRead || s.read || s.heldRead
 		hasTimed = hasTimed || s.timed
@@ -132,6 +133,8 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	switch {
 	case hasArena:
 		f.Title = "possible deadlock through the allocator: " + path
+	case hasHook:
+		f.Title = "possible deadlock through a memory hook: " + path
 	case len(cyc) == 2:
 		f.Title = "lock order inversion: " + path
 	default:
@@ -152,6 +155,8 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	var d []string
 	if hasArena {
 		d = append(d, arenaCycleStory(n, cyc))
+	} else if hasHook {
+		d = append(d, hookCycleStory(n, cyc))
 	} else {
 		d = append(d, "Each lock on the cycle was taken while the previous one was held. Threads running these paths at the same time can each hold one lock and wait for the next: a deadlock, even if this run did not hang.")
 	}
@@ -168,6 +173,7 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 		d = append(d, "Seen on "+itoa(g.count)+" sets of lock instances of the same classes.")
 	}
 	f.Detail = strings.Join(d, " ")
+	describeGate(n, &f, cyc)
 	return f
 }
 
@@ -230,6 +236,8 @@ func wantAction(n *naming, st cycleStep) string {
 	s := st.edge.seen[st.dt]
 	to := n.of(st.edge.to)
 	switch {
+	case s.link != nil:
+		return s.allocOp.String() + "() runs the " + hookName(s.via) + ": " + lockVerb(s.op, s.read) + "(" + to + ")"
 	case st.edge.to.typ == typeArena:
 		return s.op.String() + "(): lock(" + to + ")"
 	case st.edge.from.typ == typeArena:
@@ -282,6 +290,8 @@ func edgeOut(n *naming, ed *edge, s *sighting) Edge {
 func edgeContext(n *naming, ed *edge, s *sighting) string {
 	from, to := n.of(ed.from), n.of(ed.to)
 	switch {
+	case s.link != nil:
+		return hookEdgeContext(n, ed, s)
 	case ed.to.typ == typeArena:
 		return s.op.String() + " called while holding " + from + " (taken by " + s.heldOp.String() +
 			"); glibc takes its arena lock inside " + s.op.String()

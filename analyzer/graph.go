@@ -59,6 +59,10 @@ type sighting struct {
 	hook       string    // the function that called the lock
 	hold       arenaHold
 	holdReason string
+
+	// A dependency through a memory hook: the allocator call made under
+	// the held lock can run a hook seen taking the next one.
+	link *hookLink
 }
 
 // edge is a dependency between two lock instances, with one sighting per
@@ -66,6 +70,10 @@ type sighting struct {
 type edge struct {
 	from, to *instance
 	seen     [depTypes]*sighting
+	// Goodlock's gate candidates: the locks held exclusively at every
+	// sighting, besides from and to (guardSeen once there was one).
+	guards    []*instance
+	guardSeen bool
 	// Allocator → lock dependencies: how many sightings had each hold
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).
@@ -88,13 +96,15 @@ func (a *Analyzer) edgeFor(from, to *instance) *edge {
 }
 
 // lockEdge records h → q.inst. Only the first sighting of each type keeps
-// stacks, unless it was a timed wait and a blocking one comes along.
+// stacks, unless it was a timed wait or a dependency through a hook and a
+// direct blocking one comes along.
 func (a *Analyzer) lockEdge(t *thread, h *heldLock, to *instance, q acquisition, dt depType) {
 	if h.read {
 		dt |= depHeldShared
 	}
 	ed := a.edgeFor(h.inst, to)
-	if old := ed.seen[dt]; old != nil && (!old.timed || q.timed) {
+	t.guard(ed)
+	if old := ed.seen[dt]; old != nil && (q.timed || (!old.timed && old.link == nil)) {
 		return
 	}
 	s := t.stream

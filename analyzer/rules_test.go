@@ -81,6 +81,10 @@ func lk(b *tracebuild.Trace, tid uint32, addr uint64, fn string) {
 func ruleCases() []ruleCase {
 	cycleErr := []want{{KindLockOrderCycle, SeverityError}}
 	cycleWarn := []want{{KindLockOrderCycle, SeverityWarning}}
+	// The Open MPI pattern's thread A holds vma_lock around malloc, which
+	// can run the hook thread B was seen in: vma_lock on itself.
+	hookSelf := want{KindSelfDeadlock, SeverityError}
+	cycleErrSelf := append(cycleErr, hookSelf)
 	return []ruleCase{
 		{
 			name: "inversion on two threads",
@@ -421,6 +425,7 @@ func ruleCases() []ruleCase {
 				openMPIThreadA(b, 1)
 				openMPIThreadB(b, 2, shrinkHeapHookStack...)
 			},
+			// malloc makes no madvise (see glibcReach): no lock on itself.
 			want:  cycleErr,
 			check: checkOpenMPI("held"),
 		},
@@ -430,11 +435,12 @@ func ruleCases() []ruleCase {
 				openMPIThreadA(b, 1)
 				openMPIThreadB(b, 2, munmapChunkHookStack...)
 			},
-			want: []want{{KindHookLock, SeverityInfo}},
+			// No arena lock on the hook's path, but malloc can munmap too.
+			want: []want{hookSelf},
 			check: func(t *testing.T, res *Result) {
 				f := res.Findings[0]
-				if !strings.Contains(f.Detail, "munmap_chunk") || f.Edges[0].Arena != "not held" {
-					t.Errorf("detail %q arena %q", f.Detail, f.Edges[0].Arena)
+				if !strings.Contains(f.Detail, "_int_new_arena") || !strings.Contains(f.Title, "hazard") {
+					t.Errorf("title %q detail %q", f.Title, f.Detail)
 				}
 			},
 		},
@@ -444,7 +450,7 @@ func ruleCases() []ruleCase {
 				openMPIThreadA(b, 1)
 				openMPIThreadB(b, 2, "pthread_mutex_lock"+libc, "vma_tree_iterate"+rcache, "...")
 			},
-			want:  cycleWarn,
+			want:  append(cycleWarn, hookSelf),
 			check: checkOpenMPI("may hold"),
 		},
 		{
@@ -455,7 +461,8 @@ func ruleCases() []ruleCase {
 				b.InAlloc(2, events.OpMadvise, 0x7f1000020000, events.OpFree,
 					"madvise"+libc, "shrink_heap"+libc, "heap_trim"+libc, "_int_free"+libc, "free"+libc, "release_buffers")
 			},
-			want:  cycleErr,
+			// The hook's own call is not known: malloc may make it.
+			want:  cycleErrSelf,
 			check: checkOpenMPI("held"),
 		},
 		{
@@ -586,7 +593,7 @@ func ruleCases() []ruleCase {
 				b.Unlock(2, vma)
 				b.Probe(2, events.OpProbeExit, 0)
 			},
-			want: cycleErr,
+			want: cycleErrSelf,
 			check: func(t *testing.T, res *Result) {
 				e := res.Findings[0].Edges[1]
 				if e.Arena != "held" || !strings.Contains(e.Context, "seen on the entry of vma_hook") {
@@ -651,7 +658,7 @@ func lifetimeCase(name string, between func(b *tracebuild.Trace), w []want) rule
 
 func checkOpenMPI(hold string) func(t *testing.T, res *Result) {
 	return func(t *testing.T, res *Result) {
-		f := res.Findings[0]
+		f := ofKind(res, KindLockOrderCycle)[0]
 		if len(f.Locks) != 2 || !contains(f.Locks, "vma_lock (librcache.so)") || !anyContains(f.Locks, "arena") {
 			t.Fatalf("locks %v", f.Locks)
 		}
@@ -697,7 +704,14 @@ func edgeContexts(f Finding) []string {
 }
 
 func TestRules(t *testing.T) {
-	for _, c := range ruleCases() {
+	runRuleCases(t, ruleCases())
+}
+
+// runRuleCases builds each case's trace, analyses it and checks the kinds
+// and severities of every finding, then the case's own checks.
+func runRuleCases(t *testing.T, cases []ruleCase) {
+	t.Helper()
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := named(tracebuild.New(100, c.header))
 			c.build(b)

@@ -37,6 +37,9 @@ type selfSighting struct {
 	allocStack *events.Stack
 	via        string
 	count      uint64
+	// Sightings the thread outlived (more events followed): impossible
+	// for a lock that waits forever.
+	contradicted uint64
 }
 
 // selfLock records a thread taking a lock it holds (h).
@@ -45,6 +48,7 @@ func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind
 	key := selfKey{h.inst.id, kind, viaHook}
 	if s := a.selfLocks[key]; s != nil {
 		s.count++
+		t.expectStop(s)
 		return
 	}
 	st := t.stream.stack(q.e.Stack)
@@ -70,6 +74,16 @@ func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind
 	}
 	a.selfLocks[key] = s
 	a.selfList = append(a.selfList, s)
+	t.expectStop(s)
+}
+
+// expectStop: after a self-deadlock on a lock that waits forever, the
+// thread should record nothing more.
+func (t *thread) expectStop(s *selfSighting) {
+	if s.kind == selfDeadlock {
+		t.outlived = s
+		t.selfBefore = t.prev
+	}
 }
 
 // selfFindings merges self-lock sightings by lock class and code site.
@@ -77,6 +91,9 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 	var out []Finding
 	index := map[string]int{}
 	for _, s := range a.selfList {
+		if s.count > 0 && s.contradicted == s.count {
+			continue // every sighting was outlived: a trace inconsistency
+		}
 		lock := n.of(s.inst)
 		siteKey := stableSite(callerFrame(s.stack))
 		kind, sev := KindSelfDeadlock, SeverityError
@@ -103,6 +120,10 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 			Instances:   [][]string{{lock}},
 		}
 		f.Title, f.Detail = selfText(s, lock)
+		if s.contradicted > 0 {
+			f.Detail += " (" + itoa(s.contradicted) + " of " + itoa(s.count) +
+				" sightings were followed by more events of their thread, which a real self-deadlock forbids: see the trace inconsistencies.)"
+		}
 		f.Edges = selfEdges(s, lock)
 		out = append(out, f)
 	}

@@ -72,6 +72,13 @@ type thread struct {
 	allocStack uint32
 
 	hook hookContext
+
+	prev       prevEvent     // the thread's latest event
+	outlived   *selfSighting // a self-deadlock the thread's next event contradicts
+	selfBefore prevEvent     // the event before that self-deadlock
+	// In an attach, the lock addresses the thread was seen taking: an
+	// unlock of any other may release a lock taken before the attach.
+	took map[uint64]bool
 }
 
 type activeProbe struct {
@@ -92,27 +99,30 @@ func (t *thread) findHeld(addr uint64) int {
 }
 
 // release drops one level of the lock at addr (all of it when all is set,
-// as cond_wait does). Unlocks of locks the thread does not hold (lost
-// events, or a lock handed between threads) are counted and ignored.
-func (t *thread) release(addr uint64, all bool) {
+// as cond_wait does). It reports false, and counts the unlock, when the
+// thread does not hold the lock (lost events, or a lock handed between
+// threads).
+func (t *thread) release(addr uint64, all bool) bool {
 	i := t.findHeld(addr)
 	if i < 0 {
 		t.stream.unbalanced++
-		return
+		return false
 	}
 	h := &t.held[i]
 	h.depth--
 	if h.depth > 0 && !all {
-		return
+		return true
 	}
 	// Keep the order of the others: out-of-order unlocks are common.
 	copy(t.held[i:], t.held[i+1:])
 	t.held = t.held[:len(t.held)-1]
+	return true
 }
 
 // exit forgets a thread's state; a TID can be reused later.
 func (t *thread) exit() {
 	t.held = t.held[:0]
+	t.outlived = nil
 	t.probes = t.probes[:0]
 	t.probesInAlloc = 0
 	t.allocOp = events.OpNone
@@ -191,6 +201,12 @@ func (a *Analyzer) take(t *thread, q acquisition) {
 		a.retake(t, i, q)
 		return
 	}
+	if t.stream.attached() {
+		if t.took == nil {
+			t.took = map[uint64]bool{}
+		}
+		t.took[q.addr] = true
+	}
 	if !q.try {
 		dt := depType(0)
 		if q.recursive {
@@ -244,6 +260,9 @@ func (a *Analyzer) retake(t *thread, i int, q acquisition) {
 	case h.inst.typ == typeMutex && h.inst.errorCheck:
 		a.selfLock(t, h, q, selfErrorCheck)
 	default:
+		// It waits forever, unless the trace is wrong: then the thread goes
+		// on holding it once more (its next event checks).
+		h.depth++
 		a.selfLock(t, h, q, selfDeadlock)
 	}
 }

@@ -163,6 +163,7 @@ type proc struct {
 	live   map[uint64]*instance
 	sorted []uint64  // addresses of live, ascending: free/munmap ranges
 	arena  *instance // the allocator pseudo-lock, created on demand
+	ctx    *hookCtx  // its allocator calls under locks and hook locks
 }
 
 // lock returns the live instance at addr, creating it when the address has
