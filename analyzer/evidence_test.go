@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 	"strings"
 	"testing"
 
@@ -10,16 +11,16 @@ import (
 // The analyzer checks its own evidence: a finding the trace contradicts
 // is a trace inconsistency (warning), never an error, and is counted.
 
-func spin(b *trace, tid uint32, op events.Op, addr uint64, fn string) {
+func spin(b *tracebuild.Trace, tid uint32, op events.Op, addr uint64, fn string) {
 	e := events.Event{TID: tid, Op: op, Addr: addr}
 	if op == events.OpSpinLock {
 		e.Flags = events.FlagAcquired
 	}
 	if op == events.OpSpinUnlock {
-		b.event(e)
+		b.Event(e)
 		return
 	}
-	b.event(e, "pthread_spin_lock"+libc, fn)
+	b.Event(e, "pthread_spin_lock"+libc, fn)
 }
 
 var runHeader = func() *events.Header { return &events.Header{Command: []string{"./app"}} }
@@ -31,8 +32,8 @@ func evidenceCases() []ruleCase {
 			// spinlock twice and goes on to unlock it twice.
 			name:   "self-deadlock the thread outlived",
 			header: runHeader(),
-			build: func(b *trace) {
-				b.thread(1, "ucx-async")
+			build: func(b *tracebuild.Trace) {
+				b.Thread(1, "ucx-async")
 				spin(b, 1, events.OpSpinLock, lockA, "ucs_recursive_spin_lock")
 				spin(b, 1, events.OpSpinLock, lockA, "ucm_event_dispatch")
 				spin(b, 1, events.OpSpinUnlock, lockA, "")
@@ -58,11 +59,11 @@ func evidenceCases() []ruleCase {
 		{
 			name:   "self-deadlock the thread did not outlive stays an error",
 			header: runHeader(),
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				spin(b, 1, events.OpSpinLock, lockA, "f")
 				spin(b, 1, events.OpSpinLock, lockA, "g")
 				lk(b, 2, lockB, "other_thread_goes_on")
-				b.unlock(2, lockB)
+				b.Unlock(2, lockB)
 			},
 			want: []want{{KindSelfDeadlock, SeverityError}},
 			check: func(t *testing.T, res *Result) {
@@ -74,17 +75,17 @@ func evidenceCases() []ruleCase {
 		{
 			name:   "a thread killed while it waits for itself still exits",
 			header: runHeader(),
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				spin(b, 1, events.OpSpinLock, lockA, "f")
 				spin(b, 1, events.OpSpinLock, lockA, "g")
-				b.event(events.Event{TID: 1, Op: events.OpThreadExit})
+				b.Event(events.Event{TID: 1, Op: events.OpThreadExit})
 			},
 			want: []want{{KindSelfDeadlock, SeverityError}},
 		},
 		{
 			name:   "one sighting outlived, one not: the error stands",
 			header: runHeader(),
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				spin(b, 1, events.OpSpinLock, lockA, "f")
 				spin(b, 1, events.OpSpinLock, lockA, "g")
 				spin(b, 1, events.OpSpinUnlock, lockA, "")
@@ -102,10 +103,10 @@ func evidenceCases() []ruleCase {
 		{
 			name:   "unlock of a lock nobody holds (run)",
 			header: runHeader(),
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				lk(b, 1, lockB, "f")
-				b.unlock(1, lockB)
-				b.event(events.Event{TID: 1, Op: events.OpSpinUnlock, Addr: lockA}, "pthread_spin_unlock"+libc, "spin_setup")
+				b.Unlock(1, lockB)
+				b.Event(events.Event{TID: 1, Op: events.OpSpinUnlock, Addr: lockA}, "pthread_spin_unlock"+libc, "spin_setup")
 			},
 			want: []want{{KindTraceInconsistency, SeverityWarning}},
 			check: func(t *testing.T, res *Result) {
@@ -122,10 +123,10 @@ func evidenceCases() []ruleCase {
 		{
 			name:   "attach: a lock taken before the attach, released after",
 			header: &events.Header{}, // no command: attached
-			build: func(b *trace) {
-				b.unlock(1, lockA)
+			build: func(b *tracebuild.Trace) {
+				b.Unlock(1, lockA)
 				lk(b, 1, lockB, "f")
-				b.unlock(1, lockB)
+				b.Unlock(1, lockB)
 			},
 			check: func(t *testing.T, res *Result) {
 				if res.Stats.TraceChecks.Total() != 0 {
@@ -136,10 +137,10 @@ func evidenceCases() []ruleCase {
 		{
 			name:   "attach: a lock seen held by nobody, unlocked",
 			header: &events.Header{},
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				lk(b, 1, lockA, "f")
-				b.unlock(1, lockA)
-				b.unlock(1, lockA)
+				b.Unlock(1, lockA)
+				b.Unlock(1, lockA)
 			},
 			want: []want{{KindTraceInconsistency, SeverityWarning}},
 		},
@@ -149,11 +150,11 @@ func evidenceCases() []ruleCase {
 			// another thread's lock being released.
 			name:   "attach: a waiter is not the holder",
 			header: &events.Header{},
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				lk(b, 2, lockA, "waiter")
-				b.unlock(1, lockA)
+				b.Unlock(1, lockA)
 				lk(b, 2, lockB, "waiter")
-				b.unlock(2, lockB).unlock(2, lockA)
+				b.Unlock(2, lockB).Unlock(2, lockA)
 			},
 			check: func(t *testing.T, res *Result) {
 				if res.Stats.TraceChecks.Total() != 0 || res.Stats.Dependencies != 1 {
@@ -164,16 +165,16 @@ func evidenceCases() []ruleCase {
 		{
 			name:   "lock released by another thread",
 			header: runHeader(),
-			build: func(b *trace) {
-				b.thread(1, "owner").thread(2, "releaser")
+			build: func(b *tracebuild.Trace) {
+				b.Thread(1, "owner").Thread(2, "releaser")
 				lk(b, 1, lockA, "take_a")
-				b.unlock(2, lockA)
+				b.Unlock(2, lockA)
 				// Thread 1 no longer holds lock_a: no lock_a → lock_b.
 				lk(b, 1, lockB, "take_b")
-				b.unlock(1, lockB)
+				b.Unlock(1, lockB)
 				lk(b, 3, lockB, "b_then_a")
 				lk(b, 3, lockA, "b_then_a")
-				b.unlock(3, lockA).unlock(3, lockB)
+				b.Unlock(3, lockA).Unlock(3, lockB)
 			},
 			want: []want{{KindTraceInconsistency, SeverityWarning}},
 			check: func(t *testing.T, res *Result) {

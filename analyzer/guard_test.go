@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 	"strings"
 	"testing"
 
@@ -13,21 +14,21 @@ const (
 	statsL = 0x601380
 )
 
-func gated(b *trace) *trace {
-	return b.name(gateL, "gate_lock (srv)").name(cacheL, "cache_lock (srv)").name(statsL, "stats_lock (srv)")
+func gated(b *tracebuild.Trace) *tracebuild.Trace {
+	return b.Name(gateL, "gate_lock (srv)").Name(cacheL, "cache_lock (srv)").Name(statsL, "stats_lock (srv)")
 }
 
 // inverted: thread tid takes first then second, under gate when gate is
 // nonzero.
-func inverted(b *trace, tid uint32, gate, first, second uint64, fn string) {
+func inverted(b *tracebuild.Trace, tid uint32, gate, first, second uint64, fn string) {
 	if gate != 0 {
 		lk(b, tid, gate, fn)
 	}
 	lk(b, tid, first, fn)
 	lk(b, tid, second, fn)
-	b.unlock(tid, second).unlock(tid, first)
+	b.Unlock(tid, second).Unlock(tid, first)
 	if gate != 0 {
-		b.unlock(tid, gate)
+		b.Unlock(tid, gate)
 	}
 }
 
@@ -35,7 +36,7 @@ func guardCases() []ruleCase {
 	return []ruleCase{
 		{
 			name: "guarded inversion: a warning naming the gate",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				gated(b)
 				inverted(b, 1, gateL, cacheL, statsL, "update_cache")
 				inverted(b, 2, gateL, statsL, cacheL, "report_stats")
@@ -56,7 +57,7 @@ func guardCases() []ruleCase {
 		},
 		{
 			name: "one path skips the gate: an error",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				gated(b)
 				inverted(b, 1, gateL, cacheL, statsL, "update_cache")
 				inverted(b, 2, gateL, statsL, cacheL, "report_stats")
@@ -71,7 +72,7 @@ func guardCases() []ruleCase {
 		},
 		{
 			name: "each path under a different lock: an error",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				gated(b)
 				inverted(b, 1, gateL, cacheL, statsL, "update_cache")
 				inverted(b, 2, lockC, statsL, cacheL, "report_stats")
@@ -80,30 +81,30 @@ func guardCases() []ruleCase {
 		},
 		{
 			name: "gate held for reading excludes nothing: an error",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				gated(b)
 				for _, p := range []struct {
 					tid           uint32
 					first, second uint64
 				}{{1, cacheL, statsL}, {2, statsL, cacheL}} {
-					b.rwlock(p.tid, events.OpRwlockRdlock, gateL, 0, "pthread_rwlock_rdlock"+libc, "reader")
+					b.RWLock(p.tid, events.OpRwlockRdlock, gateL, 0, "pthread_rwlock_rdlock"+libc, "reader")
 					lk(b, p.tid, p.first, "reader")
 					lk(b, p.tid, p.second, "reader")
-					b.unlock(p.tid, p.second).unlock(p.tid, p.first).rwunlock(p.tid, gateL)
+					b.Unlock(p.tid, p.second).Unlock(p.tid, p.first).RWUnlock(p.tid, gateL)
 				}
 			},
 			want: []want{{KindLockOrderCycle, SeverityError}},
 		},
 		{
 			name: "gate taken as a recursive mutex twice still guards",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				gated(b)
-				b.lockKind(1, gateL, events.MutexRecursive, "pthread_mutex_lock"+libc, "outer")
+				b.LockKind(1, gateL, events.MutexRecursive, "pthread_mutex_lock"+libc, "outer")
 				inverted(b, 1, 0, cacheL, statsL, "update_cache")
-				b.unlock(1, gateL)
-				b.lockKind(2, gateL, events.MutexRecursive, "pthread_mutex_lock"+libc, "outer")
+				b.Unlock(1, gateL)
+				b.LockKind(2, gateL, events.MutexRecursive, "pthread_mutex_lock"+libc, "outer")
 				inverted(b, 2, 0, statsL, cacheL, "report_stats")
-				b.unlock(2, gateL)
+				b.Unlock(2, gateL)
 			},
 			want: []want{{KindLockOrderCycle, SeverityWarning}},
 		},
@@ -112,12 +113,12 @@ func guardCases() []ruleCase {
 			// and pair; the class finding is guarded while every instance
 			// cycle is, and names the gate's class.
 			name: "per instance: every object's cycle under its own gate",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				for i, base := range []uint64{0x7f0000100000, 0x7f0000200000} {
 					tid := uint32(10 * (i + 1))
-					b.op(tid, events.OpMutexInit, base, 0, "pthread_mutex_init"+libc, "obj_gate_init")
-					b.op(tid, events.OpMutexInit, base+0x40, 0, "pthread_mutex_init"+libc, "obj_a_init")
-					b.op(tid, events.OpMutexInit, base+0x80, 0, "pthread_mutex_init"+libc, "obj_b_init")
+					b.Op(tid, events.OpMutexInit, base, 0, "pthread_mutex_init"+libc, "obj_gate_init")
+					b.Op(tid, events.OpMutexInit, base+0x40, 0, "pthread_mutex_init"+libc, "obj_a_init")
+					b.Op(tid, events.OpMutexInit, base+0x80, 0, "pthread_mutex_init"+libc, "obj_b_init")
 					inverted(b, tid, base, base+0x40, base+0x80, "obj_update")
 					inverted(b, tid+1, base, base+0x80, base+0x40, "obj_report")
 				}
@@ -132,12 +133,12 @@ func guardCases() []ruleCase {
 		},
 		{
 			name: "per instance: one object's cycle unguarded makes the class an error",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				for i, base := range []uint64{0x7f0000100000, 0x7f0000200000} {
 					tid := uint32(10 * (i + 1))
-					b.op(tid, events.OpMutexInit, base, 0, "pthread_mutex_init"+libc, "obj_gate_init")
-					b.op(tid, events.OpMutexInit, base+0x40, 0, "pthread_mutex_init"+libc, "obj_a_init")
-					b.op(tid, events.OpMutexInit, base+0x80, 0, "pthread_mutex_init"+libc, "obj_b_init")
+					b.Op(tid, events.OpMutexInit, base, 0, "pthread_mutex_init"+libc, "obj_gate_init")
+					b.Op(tid, events.OpMutexInit, base+0x40, 0, "pthread_mutex_init"+libc, "obj_a_init")
+					b.Op(tid, events.OpMutexInit, base+0x80, 0, "pthread_mutex_init"+libc, "obj_b_init")
 					gate := base
 					if i == 1 {
 						gate = 0

@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 	"strings"
 	"testing"
 
@@ -21,25 +22,25 @@ var (
 )
 
 // hookInMalloc: thread tid's malloc runs the munmap hook, which takes addr.
-func hookInMalloc(b *trace, tid uint32, addr uint64, kind events.MutexKind) {
-	b.alloc(tid, events.OpMalloc, 0, 64, "malloc"+libc, "worker_start")
-	b.event(events.Event{TID: tid, Op: events.OpMutexLock, Flags: events.FlagAcquired | events.FlagInAlloc,
+func hookInMalloc(b *tracebuild.Trace, tid uint32, addr uint64, kind events.MutexKind) {
+	b.Alloc(tid, events.OpMalloc, 0, 64, "malloc"+libc, "worker_start")
+	b.Event(events.Event{TID: tid, Op: events.OpMutexLock, Flags: events.FlagAcquired | events.FlagInAlloc,
 		Addr: addr, Addr2: uint64(events.OpMalloc), Arg: uint64(kind)}, newArenaHook...)
-	b.unlock(tid, addr)
+	b.Unlock(tid, addr)
 }
 
 // mallocUnder: thread tid calls op holding addr.
-func mallocUnder(b *trace, tid uint32, addr uint64, kind events.MutexKind, op events.Op) {
-	b.lockKind(tid, addr, kind, "pthread_mutex_lock"+libc, "register_node")
-	b.alloc(tid, op, 0x7f3000000010, 48, op.String()+libc, "insert_node", "register_node")
-	b.unlock(tid, addr)
+func mallocUnder(b *tracebuild.Trace, tid uint32, addr uint64, kind events.MutexKind, op events.Op) {
+	b.LockKind(tid, addr, kind, "pthread_mutex_lock"+libc, "register_node")
+	b.Alloc(tid, op, 0x7f3000000010, 48, op.String()+libc, "insert_node", "register_node")
+	b.Unlock(tid, addr)
 }
 
 func hookCtxCases() []ruleCase {
 	return []ruleCase{
 		{
 			name: "same lock, non-recursive: self-deadlock hazard",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				hookInMalloc(b, 2, vma, events.MutexNormal)
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpMalloc)
 			},
@@ -64,7 +65,7 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "same lock, hook seen after the call under the lock",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpMalloc)
 				hookInMalloc(b, 2, vma, events.MutexNormal)
 			},
@@ -72,7 +73,7 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "same lock, recursive: warning",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				hookInMalloc(b, 2, vma, events.MutexRecursive)
 				mallocUnder(b, 1, vma, events.MutexRecursive, events.OpMalloc)
 			},
@@ -85,7 +86,7 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "same lock, free under it: free can munmap too",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				hookInMalloc(b, 2, vma, events.MutexNormal)
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpFree)
 			},
@@ -93,10 +94,10 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "mremap hook: only realloc makes mremap",
-			build: func(b *trace) {
-				b.alloc(2, events.OpRealloc, 0x7f4000000010, 1<<22, "realloc"+libc, "grow_buffer")
-				b.inAlloc(2, events.OpMutexLock, vma, events.OpRealloc, mremapHook...)
-				b.unlock(2, vma)
+			build: func(b *tracebuild.Trace) {
+				b.Alloc(2, events.OpRealloc, 0x7f4000000010, 1<<22, "realloc"+libc, "grow_buffer")
+				b.InAlloc(2, events.OpMutexLock, vma, events.OpRealloc, mremapHook...)
+				b.Unlock(2, vma)
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpMalloc)
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpFree)
 			},
@@ -104,10 +105,10 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "mremap hook, realloc under the lock",
-			build: func(b *trace) {
-				b.alloc(2, events.OpRealloc, 0x7f4000000010, 1<<22, "realloc"+libc, "grow_buffer")
-				b.inAlloc(2, events.OpMutexLock, vma, events.OpRealloc, mremapHook...)
-				b.unlock(2, vma)
+			build: func(b *tracebuild.Trace) {
+				b.Alloc(2, events.OpRealloc, 0x7f4000000010, 1<<22, "realloc"+libc, "grow_buffer")
+				b.InAlloc(2, events.OpMutexLock, vma, events.OpRealloc, mremapHook...)
+				b.Unlock(2, vma)
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpRealloc)
 			},
 			want: []want{{KindSelfDeadlock, SeverityError}},
@@ -119,12 +120,12 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "other lock: cycle through the hook",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				hookInMalloc(b, 2, lockM, events.MutexNormal)
 				mallocUnder(b, 1, lockA, events.MutexNormal, events.OpMalloc)
 				lk(b, 3, lockM, "flush_queue")
 				lk(b, 3, lockA, "flush_queue")
-				b.unlock(3, lockA).unlock(3, lockM)
+				b.Unlock(3, lockA).Unlock(3, lockM)
 			},
 			want: []want{{KindLockOrderCycle, SeverityError}},
 			check: func(t *testing.T, res *Result) {
@@ -149,32 +150,32 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "other lock, same order elsewhere: quiet",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				hookInMalloc(b, 2, lockM, events.MutexNormal)
 				mallocUnder(b, 1, lockA, events.MutexNormal, events.OpMalloc)
 				lk(b, 3, lockA, "flush_queue")
 				lk(b, 3, lockM, "flush_queue")
-				b.unlock(3, lockM).unlock(3, lockA)
+				b.Unlock(3, lockM).Unlock(3, lockA)
 			},
 			want: []want{{KindHookLock, SeverityInfo}},
 		},
 		{
 			name: "rwlock read held, recursive read in the hook: nothing blocks",
-			build: func(b *trace) {
-				b.alloc(2, events.OpMalloc, 0, 64, "malloc"+libc, "worker_start")
-				b.event(events.Event{TID: 2, Op: events.OpRwlockRdlock, Flags: events.FlagAcquired | events.FlagInAlloc,
+			build: func(b *tracebuild.Trace) {
+				b.Alloc(2, events.OpMalloc, 0, 64, "malloc"+libc, "worker_start")
+				b.Event(events.Event{TID: 2, Op: events.OpRwlockRdlock, Flags: events.FlagAcquired | events.FlagInAlloc,
 					Addr: lockA, Addr2: uint64(events.OpMalloc)}, newArenaHook...)
-				b.rwunlock(2, lockA)
-				b.rwlock(1, events.OpRwlockRdlock, lockA, 0, "pthread_rwlock_rdlock"+libc, "lookup")
-				b.alloc(1, events.OpMalloc, 0, 48, "malloc"+libc, "lookup")
-				b.rwunlock(1, lockA)
+				b.RWUnlock(2, lockA)
+				b.RWLock(1, events.OpRwlockRdlock, lockA, 0, "pthread_rwlock_rdlock"+libc, "lookup")
+				b.Alloc(1, events.OpMalloc, 0, 48, "malloc"+libc, "lookup")
+				b.RWUnlock(1, lockA)
 			},
 			want: []want{{KindHookLock, SeverityInfo}},
 		},
 		{
 			name:   "jemalloc: only what it was seen to do",
 			header: &events.Header{Allocator: "jemalloc"},
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				// The hook ran inside free; malloc was never seen making a
 				// memory syscall.
 				openMPIThreadB(b, 2, munmapChunkHookStack...)
@@ -185,10 +186,10 @@ func hookCtxCases() []ruleCase {
 		{
 			name:   "jemalloc: malloc seen making munmap",
 			header: &events.Header{Allocator: "jemalloc"},
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				openMPIThreadB(b, 2, munmapChunkHookStack...)
-				b.alloc(3, events.OpMalloc, 0, 1<<20, "malloc@libjemalloc.so.2", "big_alloc")
-				b.inAlloc(3, events.OpMunmap, 0x7f5000000000, events.OpMalloc, "munmap"+libc, "je_pages_unmap@libjemalloc.so.2", "malloc@libjemalloc.so.2")
+				b.Alloc(3, events.OpMalloc, 0, 1<<20, "malloc@libjemalloc.so.2", "big_alloc")
+				b.InAlloc(3, events.OpMunmap, 0x7f5000000000, events.OpMalloc, "munmap"+libc, "je_pages_unmap@libjemalloc.so.2", "malloc@libjemalloc.so.2")
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpMalloc)
 			},
 			want: []want{{KindSelfDeadlock, SeverityError}},
@@ -200,9 +201,9 @@ func hookCtxCases() []ruleCase {
 		},
 		{
 			name: "another process's hook does not count",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				hookInMalloc(b, 2, vma, events.MutexNormal)
-				b.pid = 101
+				b.PID = 101
 				mallocUnder(b, 1, vma, events.MutexNormal, events.OpMalloc)
 			},
 			want: []want{{KindHookLock, SeverityInfo}},

@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"fmt"
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 	"strings"
 	"testing"
 
@@ -30,22 +31,22 @@ func (k peerKind) String() string {
 
 func peerAddr(i int) uint64 { return 0x700000 + uint64(i)*0x40 }
 
-func peerLock(b *trace, k peerKind, tid uint32, i int) {
+func peerLock(b *tracebuild.Trace, k peerKind, tid uint32, i int) {
 	addr := peerAddr(i)
 	fn := fmt.Sprintf("take_%d", i)
 	switch k {
 	case peerSpin:
-		b.event(events.Event{TID: tid, Op: events.OpSpinLock, Flags: events.FlagAcquired, Addr: addr}, "pthread_spin_lock"+libc, fn)
+		b.Event(events.Event{TID: tid, Op: events.OpSpinLock, Flags: events.FlagAcquired, Addr: addr}, "pthread_spin_lock"+libc, fn)
 	case peerRwWrite:
-		b.rwlock(tid, events.OpRwlockWrlock, addr, 0, "pthread_rwlock_wrlock"+libc, fn)
+		b.RWLock(tid, events.OpRwlockWrlock, addr, 0, "pthread_rwlock_wrlock"+libc, fn)
 	case peerRecursive:
-		b.lockKind(tid, addr, events.MutexRecursive, "pthread_mutex_lock"+libc, fn)
+		b.LockKind(tid, addr, events.MutexRecursive, "pthread_mutex_lock"+libc, fn)
 	default:
-		b.lock(tid, addr, "pthread_mutex_lock"+libc, fn)
+		b.Lock(tid, addr, "pthread_mutex_lock"+libc, fn)
 	}
 }
 
-func peerUnlock(b *trace, k peerKind, tid uint32, i int) {
+func peerUnlock(b *tracebuild.Trace, k peerKind, tid uint32, i int) {
 	op := events.OpMutexUnlock
 	switch k {
 	case peerSpin:
@@ -53,11 +54,11 @@ func peerUnlock(b *trace, k peerKind, tid uint32, i int) {
 	case peerRwWrite:
 		op = events.OpRwlockUnlock
 	}
-	b.event(events.Event{TID: tid, Op: op, Addr: peerAddr(i)})
+	b.Event(events.Event{TID: tid, Op: op, Addr: peerAddr(i)})
 }
 
 // pair: tid takes i, then j, and releases both.
-func pair(b *trace, k peerKind, tid uint32, i, j int) {
+func pair(b *tracebuild.Trace, k peerKind, tid uint32, i, j int) {
 	peerLock(b, k, tid, i)
 	peerLock(b, k, tid, j)
 	peerUnlock(b, k, tid, j)
@@ -73,23 +74,23 @@ func TestPeerTSanStress(t *testing.T) {
 		cases = append(cases,
 			ruleCase{
 				name:  k.String() + ": two locks inverted on two threads",
-				build: func(b *trace) { pair(b, k, 1, 0, 1); pair(b, k, 2, 1, 0) },
+				build: func(b *tracebuild.Trace) { pair(b, k, 1, 0, 1); pair(b, k, 2, 1, 0) },
 				want:  []want{{KindLockOrderCycle, SeverityError}},
 			},
 			ruleCase{
 				name:  k.String() + ": two locks inverted on one thread",
-				build: func(b *trace) { pair(b, k, 1, 0, 1); pair(b, k, 1, 1, 0) },
+				build: func(b *tracebuild.Trace) { pair(b, k, 1, 0, 1); pair(b, k, 1, 1, 0) },
 				want:  []want{{KindLockOrderCycle, SeverityError}},
 			},
 			ruleCase{
 				name:  k.String() + ": three locks in a ring",
-				build: func(b *trace) { pair(b, k, 1, 0, 1); pair(b, k, 2, 1, 2); pair(b, k, 3, 2, 0) },
+				build: func(b *tracebuild.Trace) { pair(b, k, 1, 0, 1); pair(b, k, 2, 1, 2); pair(b, k, 3, 2, 0) },
 				want:  []want{{KindLockOrderCycle, SeverityError}},
 				check: lockCount(3),
 			},
 			ruleCase{
 				name: k.String() + ": one order everywhere",
-				build: func(b *trace) {
+				build: func(b *tracebuild.Trace) {
 					for tid := uint32(1); tid <= 4; tid++ {
 						pair(b, k, tid, 0, 1)
 						pair(b, k, tid, 1, 2)
@@ -100,7 +101,7 @@ func TestPeerTSanStress(t *testing.T) {
 			ruleCase{
 				// The same pair seen many times: one finding.
 				name: k.String() + ": an inversion repeated",
-				build: func(b *trace) {
+				build: func(b *tracebuild.Trace) {
 					for n := 0; n < 50; n++ {
 						pair(b, k, 1, 0, 1)
 						pair(b, k, 2, 1, 0)
@@ -110,14 +111,14 @@ func TestPeerTSanStress(t *testing.T) {
 			},
 		)
 	}
-	trylock := func(b *trace, tid uint32, i int, ok bool) {
-		b.tryResult(tid, events.OpMutexTrylock, peerAddr(i), ok, "pthread_mutex_trylock"+libc, fmt.Sprintf("try_%d", i))
+	trylock := func(b *tracebuild.Trace, tid uint32, i int, ok bool) {
+		b.TryResult(tid, events.OpMutexTrylock, peerAddr(i), ok, "pthread_mutex_trylock"+libc, fmt.Sprintf("try_%d", i))
 	}
 	cases = append(cases,
 		ruleCase{
 			// A trylock cannot wait: no edge into the tried lock.
 			name: "trylock under a lock adds no edge into it",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				peerLock(b, peerMutex, 1, 0)
 				trylock(b, 1, 1, true)
 				peerUnlock(b, peerMutex, 1, 1)
@@ -128,7 +129,7 @@ func TestPeerTSanStress(t *testing.T) {
 		ruleCase{
 			// Once it succeeded the lock is held: later locks depend on it.
 			name: "trylocked lock is held: edges out of it",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				trylock(b, 1, 0, true)
 				peerLock(b, peerMutex, 1, 1)
 				peerUnlock(b, peerMutex, 1, 1)
@@ -139,7 +140,7 @@ func TestPeerTSanStress(t *testing.T) {
 		},
 		ruleCase{
 			name: "failed trylock holds nothing",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				trylock(b, 1, 0, false)
 				peerLock(b, peerMutex, 1, 1)
 				peerUnlock(b, peerMutex, 1, 1)
@@ -151,23 +152,23 @@ func TestPeerTSanStress(t *testing.T) {
 			// default rwlocks prefer readers: a reader never waits for a
 			// reader, so this cannot deadlock, and hooktrace is silent.
 			name: "read-read inversion of reader-preferring rwlocks (differs from TSan)",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				for _, p := range [][2]int{{0, 1}, {1, 0}} {
 					tid := uint32(p[0] + 1)
-					b.rwlock(tid, events.OpRwlockRdlock, peerAddr(p[0]), 0, "pthread_rwlock_rdlock"+libc, "reader")
-					b.rwlock(tid, events.OpRwlockRdlock, peerAddr(p[1]), 0, "pthread_rwlock_rdlock"+libc, "reader")
-					b.rwunlock(tid, peerAddr(p[1])).rwunlock(tid, peerAddr(p[0]))
+					b.RWLock(tid, events.OpRwlockRdlock, peerAddr(p[0]), 0, "pthread_rwlock_rdlock"+libc, "reader")
+					b.RWLock(tid, events.OpRwlockRdlock, peerAddr(p[1]), 0, "pthread_rwlock_rdlock"+libc, "reader")
+					b.RWUnlock(tid, peerAddr(p[1])).RWUnlock(tid, peerAddr(p[0]))
 				}
 			},
 		},
 		ruleCase{
 			name: "read-read inversion of writer-preferring rwlocks",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				for _, p := range [][2]int{{0, 1}, {1, 0}} {
 					tid := uint32(p[0] + 1)
-					b.rwlock(tid, events.OpRwlockRdlock, peerAddr(p[0]), rwlockPreferWriterNonrecursive, "pthread_rwlock_rdlock"+libc, "reader")
-					b.rwlock(tid, events.OpRwlockRdlock, peerAddr(p[1]), rwlockPreferWriterNonrecursive, "pthread_rwlock_rdlock"+libc, "reader")
-					b.rwunlock(tid, peerAddr(p[1])).rwunlock(tid, peerAddr(p[0]))
+					b.RWLock(tid, events.OpRwlockRdlock, peerAddr(p[0]), rwlockPreferWriterNonrecursive, "pthread_rwlock_rdlock"+libc, "reader")
+					b.RWLock(tid, events.OpRwlockRdlock, peerAddr(p[1]), rwlockPreferWriterNonrecursive, "pthread_rwlock_rdlock"+libc, "reader")
+					b.RWUnlock(tid, peerAddr(p[1])).RWUnlock(tid, peerAddr(p[0]))
 				}
 			},
 			want: []want{{KindLockOrderCycle, SeverityError}},
@@ -179,7 +180,7 @@ func TestPeerTSanStress(t *testing.T) {
 		n := n
 		cases = append(cases, ruleCase{
 			name: fmt.Sprintf("cycle of %d locks", n),
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				for i := 0; i < n; i++ {
 					pair(b, peerMutex, uint32(i+1), i, (i+1)%n)
 				}
@@ -193,7 +194,7 @@ func TestPeerTSanStress(t *testing.T) {
 	// an inversion still shows after thousands of other locks.
 	cases = append(cases, ruleCase{
 		name: "inversion after 5000 other locks (differs from TSan)",
-		build: func(b *trace) {
+		build: func(b *tracebuild.Trace) {
 			pair(b, peerMutex, 1, 0, 1)
 			for i := 2; i < 5002; i++ {
 				pair(b, peerMutex, 2, 2+(i%2), i+10)
@@ -216,7 +217,7 @@ func lockCount(n int) func(t *testing.T, res *Result) {
 
 // seq runs liblockdep's notation on one thread: "AB" takes A then B and
 // releases both, in pairs.
-func seq(b *trace, pairs ...string) {
+func seq(b *tracebuild.Trace, pairs ...string) {
 	for _, p := range pairs {
 		pair(b, peerMutex, 1, int(p[0]-'A'), int(p[1]-'A'))
 	}
@@ -242,26 +243,26 @@ func TestPeerLiblockdep(t *testing.T) {
 	cases := []ruleCase{
 		{
 			name: "AA",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				peerLock(b, peerMutex, 1, 0)
 				peerLock(b, peerMutex, 1, 0)
 			},
 			want: []want{{KindSelfDeadlock, SeverityError}},
 		},
-		{name: "ABBA", build: func(b *trace) { seq(b, "AB", "BA") }, want: []want{{KindLockOrderCycle, SeverityError}}},
-		{name: "ABBCCA", build: func(b *trace) { seq(b, "AB", "BC", "CA") }, want: []want{{KindLockOrderCycle, SeverityError}}},
-		{name: "ABBCCDDA", build: func(b *trace) { seq(b, "AB", "BC", "CD", "DA") }, want: []want{{KindLockOrderCycle, SeverityError}}},
-		{name: "ABCABC", build: func(b *trace) { seq(b, "AB", "CA", "BC") }, want: []want{{KindLockOrderCycle, SeverityError}}},
+		{name: "ABBA", build: func(b *tracebuild.Trace) { seq(b, "AB", "BA") }, want: []want{{KindLockOrderCycle, SeverityError}}},
+		{name: "ABBCCA", build: func(b *tracebuild.Trace) { seq(b, "AB", "BC", "CA") }, want: []want{{KindLockOrderCycle, SeverityError}}},
+		{name: "ABBCCDDA", build: func(b *tracebuild.Trace) { seq(b, "AB", "BC", "CD", "DA") }, want: []want{{KindLockOrderCycle, SeverityError}}},
+		{name: "ABCABC", build: func(b *tracebuild.Trace) { seq(b, "AB", "CA", "BC") }, want: []want{{KindLockOrderCycle, SeverityError}}},
 		{
 			name:  "ABCDBCDA",
-			build: func(b *trace) { seq(b, "AB", "CD", "BC", "DA") },
+			build: func(b *tracebuild.Trace) { seq(b, "AB", "CD", "BC", "DA") },
 			want:  []want{{KindLockOrderCycle, SeverityError}},
 			check: cycle("take_0", "take_1", "take_2", "take_3"),
 		},
 		{
 			// C → D is on no cycle: A → B → D → A is.
 			name:  "ABCDBDDA",
-			build: func(b *trace) { seq(b, "AB", "CD", "BD", "DA") },
+			build: func(b *tracebuild.Trace) { seq(b, "AB", "CD", "BD", "DA") },
 			want:  []want{{KindLockOrderCycle, SeverityError}},
 			check: cycle("take_0", "take_1", "take_3"),
 		},
@@ -271,7 +272,7 @@ func TestPeerLiblockdep(t *testing.T) {
 			// with EDEADLK: no hang, but code that ignores the result runs
 			// unprotected, so hooktrace warns.
 			name: "WW (differs from liblockdep: glibc returns EDEADLK)",
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				peerLock(b, peerRwWrite, 1, 0)
 				peerLock(b, peerRwWrite, 1, 0)
 			},
@@ -289,7 +290,7 @@ func TestPeerLiblockdep(t *testing.T) {
 			// and counts them, and draws no other finding from them.
 			name:   "unlock balance",
 			header: &events.Header{Command: []string{"./unlock_balance"}},
-			build: func(b *trace) {
+			build: func(b *tracebuild.Trace) {
 				peerLock(b, peerMutex, 1, 0)
 				peerUnlock(b, peerMutex, 1, 0)
 				peerUnlock(b, peerMutex, 1, 0)

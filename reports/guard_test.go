@@ -14,25 +14,25 @@ import (
 func guardedResult(t *testing.T) *analyzer.Result {
 	t.Helper()
 	b := newFx(&events.Header{Command: []string{"./server"}})
-	b.name(addrA, "gate_lock (server)")
-	b.name(addrB, "cache_lock (server)")
-	b.name(addrC, "stats_lock (server)")
+	b.Name(addrA, "gate_lock (server)")
+	b.Name(addrB, "cache_lock (server)")
+	b.Name(addrC, "stats_lock (server)")
 	for _, p := range []struct {
 		tid           uint32
 		first, second uint64
 		fn            string
 	}{{1, addrB, addrC, "update_cache"}, {2, addrC, addrB, "report_stats"}} {
-		b.lock(p.tid, addrA, "pthread_mutex_lock"+libc, p.fn)
-		b.lock(p.tid, p.first, "pthread_mutex_lock"+libc, p.fn)
-		b.lock(p.tid, p.second, "pthread_mutex_lock"+libc, p.fn)
-		b.unlock(p.tid, p.second)
-		b.unlock(p.tid, p.first)
-		b.unlock(p.tid, addrA)
+		b.Lock(p.tid, addrA, "pthread_mutex_lock"+libc, p.fn)
+		b.Lock(p.tid, p.first, "pthread_mutex_lock"+libc, p.fn)
+		b.Lock(p.tid, p.second, "pthread_mutex_lock"+libc, p.fn)
+		b.Unlock(p.tid, p.second)
+		b.Unlock(p.tid, p.first)
+		b.Unlock(p.tid, addrA)
 	}
-	b.footer()
+	fxFooter(b)
 	a := analyzer.New(analyzer.Options{})
 	a.BeginStream("server.htr")
-	for _, r := range b.recs {
+	for _, r := range b.Records() {
 		a.Add(r)
 	}
 	res := a.Result()

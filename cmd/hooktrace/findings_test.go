@@ -234,8 +234,8 @@ var _ = fmt.Sprint
 //   - consistent: the other thread takes cfg_lock then hook_lock, the
 //     order the hook implies: no error, the hook-lock info only.
 func TestHookContext(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "hookctx")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "hookctx")
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
 			extra := []string{"--mode", mode}
@@ -288,8 +288,8 @@ func TestHookContext(t *testing.T) {
 // third thread takes the inverted order without the gate: an error. Both
 // modes.
 func TestGuardedCycle(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "gated")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "gated")
 	locks := []string{"cache_lock (gated)", "stats_lock (gated)"}
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
