@@ -42,53 +42,32 @@ var (
 	classBuild        = build{"g++", "class.cc", "cls", []string{"-g", "-O0"}}
 )
 
-// shared holds the programs built once for every test that only reads them.
-var shared struct {
-	dir   string
-	mu    sync.Mutex
-	paths map[string]string
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "symbolize-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	shared.dir, shared.paths = dir, map[string]string{}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// path returns the shared build, compiling it on first use. Tests that
-// change or delete the file use into instead.
+// path returns the build shared by every test that only reads it. Tests
+// that change or delete the file use into instead.
 func (b build) path(t *testing.T) string {
 	t.Helper()
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if p, ok := shared.paths[b.out]; ok {
-		return p
-	}
-	p := b.into(t, shared.dir)
-	shared.paths[b.out] = p
-	return p
-}
-
-// into compiles the program into dir and returns its path.
-func (b build) into(t *testing.T, dir string) string {
-	t.Helper()
-	cc := needTool(t, b.compiler)
-	outPath := filepath.Join(dir, b.out)
-	srcPath, err := filepath.Abs(filepath.Join("testdata", b.src))
+	src, err := filepath.Abs(filepath.Join("testdata", b.src))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(cc, append(append([]string{"-o", outPath}, b.args...), srcPath)...)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%v: %v\n%s", cmd.Args, err, msg)
+	return testenv.C{Compiler: b.compiler, Source: src, Name: b.out, Flags: b.args}.Build(t)
+}
+
+// into copies the program into dir, for a test of its own to change, and
+// returns its path.
+func (b build) into(t *testing.T, dir string) string {
+	t.Helper()
+	data, err := os.ReadFile(b.path(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return outPath
+	out := filepath.Join(dir, b.out)
+	if err := os.WriteFile(out, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // markerLine returns the line of testdata/src holding /* marker */ or

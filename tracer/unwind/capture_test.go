@@ -8,13 +8,11 @@ import (
 	"debug/elf"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/hooktrace/hooktrace/internal/testenv"
@@ -35,49 +33,15 @@ type capture struct {
 	maps   []mapping
 }
 
-// builds caches compiled capture programs by compiler flags: several tests
-// share one binary, and compiling is the slowest part of the tests.
-var builds struct {
-	sync.Mutex
-	dir  string
-	bins map[string]string
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if builds.dir != "" {
-		os.RemoveAll(builds.dir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // buildCapture compiles the capture program the way HPC code and glibc are
-// built: optimised and without frame pointers.
+// built: optimised and without frame pointers. Tests with the same flags
+// share one binary: compiling is the slowest part of the tests.
 func buildCapture(tb testing.TB, extraFlags ...string) string {
 	tb.Helper()
-	testenv.Tool(tb, "apt-get install -y gcc", "gcc")
-	builds.Lock()
-	defer builds.Unlock()
-	key := strings.Join(extraFlags, " ")
-	if bin, ok := builds.bins[key]; ok {
-		return bin
-	}
-	if builds.dir == "" {
-		dir, err := os.MkdirTemp("", "unwind-test")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		builds.dir, builds.bins = dir, map[string]string{}
-	}
-	bin := filepath.Join(builds.dir, fmt.Sprintf("capture%d", len(builds.bins)))
-	args := append([]string{"-O2", "-fomit-frame-pointer", "-g0"}, extraFlags...)
-	args = append(args, "-o", bin, "testdata/capture.c")
-	out, err := exec.Command("gcc", args...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("building capture program: %v\n%s", err, out)
-	}
-	builds.bins[key] = bin
-	return bin
+	flags := append([]string{"-O2", "-fomit-frame-pointer", "-g0"}, extraFlags...)
+	return testenv.C{Source: filepath.Join("testdata", "capture.c"), Flags: flags}.Build(tb)
 }
 
 func runCapture(tb testing.TB, bin, mode string) *capture {
