@@ -87,6 +87,8 @@ struct thread_state {
 	 * loop repeats a few patterns, and this saves the shared map lookup. */
 	__u64 cache_key[4];
 	__u64 cache_stack[4];
+	/* The last acquisition at a site that can fire twice in one call. */
+	__u64 refire_lock, refire_sp, refire_ret;
 };
 
 /* Acquisition patterns already sent, lockdep's chain cache: (lock, locks
@@ -580,6 +582,25 @@ static __always_inline int may_hold(struct thread_state *st, __u64 lock)
 	return 0;
 }
 
+/* Whether this hit is the same call's probe firing again: glibc's
+ * pthread_spin_lock cannot be probed at its lock-prefixed entry, and its
+ * spin loop jumps back to that entry, so the probe past it fires on every
+ * retry. A retry has the same lock, stack pointer and return address as
+ * the hit before, and the lock is held (it was recorded as taken then). A
+ * thread that really calls the lock twice from one call site, holding it,
+ * spins forever on its own lock: that second call is missed. */
+static __always_inline int refired(struct thread_state *st, __u64 lock, __u64 sp, __u64 ret_slot)
+{
+	__u64 ret = 0;
+	bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
+	if (st->refire_lock == lock && st->refire_sp == sp && st->refire_ret == ret && may_hold(st, lock))
+		return 1;
+	st->refire_lock = lock;
+	st->refire_sp = sp;
+	st->refire_ret = ret;
+	return 0;
+}
+
 static __always_inline int is_try_or_timed(__u32 op)
 {
 	switch (op) {
@@ -629,6 +650,10 @@ int uprobe_hook(struct pt_regs *ctx)
 	}
 	if (is_unlock(op) && COOKIE_ALIAS(cookie) && !may_hold(st, PT_REGS_PARM1(ctx)))
 		op = COOKIE_ALIAS(cookie);
+	/* The high half means this only for lock probes. */
+	if (op >= OP_MUTEX_LOCK && op <= OP_SPIN_UNLOCK && COOKIE_REFIRES(cookie) &&
+	    refired(st, PT_REGS_PARM1(ctx), sp, ret_slot))
+		return 0;
 	count_call(op);
 
 	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
@@ -997,19 +1022,22 @@ int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tracepoint/sched_process_exec")
 int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 {
-	if (!tracing_on)
-		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 	__u8 *state = bpf_map_lookup_elem(&traced, &pid);
 	if (!state)
 		return 0;
-	/* The gate became the target: trace from here on. */
+	/* The gate became the target: trace from here on. This holds even
+	 * before tracing is turned on (the reader starts concurrently with the
+	 * gate's release): a target left GATED would lose every syscall and
+	 * thread event of its run. */
 	*state = TRACED;
-	count_call(OP_EXEC);
 	/* A new image: the allocator is elsewhere now, and every lock is new. */
 	bpf_map_delete_elem(&alloc_ranges, &pid);
 	__sync_fetch_and_add(&lock_epoch, 1);
+	if (!tracing_on)
+		return 0;
+	count_call(OP_EXEC);
 	struct event ev, *e = &ev;
 	event_init(e, OP_EXEC, id);
 	event_send(e);

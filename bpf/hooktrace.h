@@ -107,6 +107,9 @@ enum cookie_layout {
 	 * 2.36's pthread_spin_init is pthread_spin_unlock) names it here. */
 	COOKIE_ALIAS_SHIFT = 32,
 	COOKIE_ALIAS_BITS = 16,
+	/* A lock probe past the entry that a branch back to the entry makes
+	 * fire again within one call (placement.Site.Refires). */
+	COOKIE_REFIRES_SHIFT = 48,
 	COOKIE_BACK_SHIFT = 32,
 	COOKIE_BACK_BITS = 24,
 	COOKIE_LEN_SHIFT = 56,
@@ -119,6 +122,7 @@ enum cookie_layout {
 #define COOKIE_ADJ(c) ((__u32)COOKIE_FIELD(c, COOKIE_ADJ))
 #define COOKIE_USER(c) ((__u32)((__u64)(c) >> COOKIE_USER_SHIFT))
 #define COOKIE_ALIAS(c) ((__u32)COOKIE_FIELD(c, COOKIE_ALIAS))
+#define COOKIE_REFIRES(c) (((__u64)(c) >> COOKIE_REFIRES_SHIFT) & 1)
 #define COOKIE_RANGE_BACK(c) COOKIE_FIELD(c, COOKIE_BACK)
 #define COOKIE_RANGE_LEN(c) (COOKIE_FIELD(c, COOKIE_LEN) << COOKIE_LEN_UNIT_SHIFT)
 

@@ -73,6 +73,8 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 			cookie.user = uint32(s.userIdx)
 		} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
 			alloc.cookieRange(&cookie, s.sym.Offset+offset)
+		} else if op.IsLockAcquire() && s.choice.Refires {
+			cookie.refires = true
 		} else if s.alias != events.OpNone {
 			cookie.alias = s.alias
 			note = strings.TrimPrefix(note+"; ", "; ") + "also " + s.alias.String() +
@@ -82,7 +84,7 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 			// The return probe hooks the entry; the entry probe goes there
 			// too, where the arguments are as the caller passed them.
 			offset, note = 0, "entry: a return probe is placed here anyway"
-			cookie = probeCookie{op: op, user: uint32(s.userIdx)}
+			cookie = probeCookie{op: op, user: userField(s.userIdx)}
 		}
 		add(s.object, false, s.sym.Offset+offset, cookie.encode(), events.ProbeSite{Name: s.fn.name, Object: s.object,
 			Offset: offset, Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
@@ -91,7 +93,7 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 			if op == events.OpProbeEnter {
 				retOp = events.OpProbeExit
 			}
-			add(s.object, true, s.sym.Offset, probeCookie{op: retOp, user: uint32(s.userIdx)}.encode(),
+			add(s.object, true, s.sym.Offset, probeCookie{op: retOp, user: userField(s.userIdx)}.encode(),
 				events.ProbeSite{Name: s.fn.name, Object: s.object, Address: s.sym.Value, Kind: "uretprobe"})
 		}
 	}
@@ -119,4 +121,13 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		sites = append(sites, b.sites...)
 	}
 	return links, sites
+}
+
+// userField is a user probe's index for its cookie; 0 for the others,
+// whose high half carries other fields.
+func userField(idx int) uint32 {
+	if idx < 0 {
+		return 0
+	}
+	return uint32(idx)
 }

@@ -128,12 +128,13 @@ func TestCookieRoundTrip(t *testing.T) {
 		{op: events.OpFree, adj: 8},
 		{op: events.OpMalloc, adj: 0x28, back: 0x123456, length: 0xab},
 		{op: events.OpProbeEnter, adj: 0xffff, user: 7},
-		{op: events.OpSpinTrylock, user: 0xffffffff},
+		{op: events.OpSpinTrylock, user: 0xfff},
 		{op: events.OpSpinUnlock, adj: 8, alias: events.OpSpinInit},
+		{op: events.OpSpinLock, adj: 0, refires: true},
 	} {
 		if got := decodeCookie(c.encode()); got.op != c.op || got.adj != c.adj ||
-			(c.user != 0 && got.user != c.user) || (c.alias != 0 && got.alias != c.alias) ||
-			(c.user == 0 && c.alias == 0 && (got.back != c.back || got.length != c.length)) {
+			(c.user != 0 && got.user != c.user) || (c.alias != 0 && got.alias != c.alias) || got.refires != c.refires ||
+			(c.op.IsAllocator() && (got.back != c.back || got.length != c.length)) {
 			t.Errorf("%+v decodes as %+v", c, got)
 		}
 	}
@@ -154,9 +155,9 @@ func TestCookieMatchesC(t *testing.T) {
 int main(int argc, char **argv) {
 	for (int i = 1; i < argc; i++) {
 		__u64 c = strtoull(argv[i], 0, 0);
-		printf("%%u %%u %%u %%llu %%llu %%u\n", COOKIE_OP(c), COOKIE_ADJ(c), COOKIE_USER(c),
+		printf("%%u %%u %%u %%llu %%llu %%u %%u\n", COOKIE_OP(c), COOKIE_ADJ(c), COOKIE_USER(c),
 		       (unsigned long long)COOKIE_RANGE_BACK(c), (unsigned long long)COOKIE_RANGE_LEN(c),
-		       COOKIE_ALIAS(c));
+		       COOKIE_ALIAS(c), (unsigned)COOKIE_REFIRES(c));
 	}
 	return 0;
 }
@@ -175,8 +176,9 @@ int main(int argc, char **argv) {
 		alloc,
 		{op: events.OpFree, adj: 8},
 		{op: events.OpProbeExit, user: 3},
-		{op: events.OpMutexTrylock, user: 0xffffffff},
+		{op: events.OpMutexTrylock, user: 0xfff},
 		{op: events.OpSpinUnlock, adj: 8, alias: events.OpSpinInit},
+		{op: events.OpSpinLock, refires: true},
 	}
 	args := make([]string, len(cookies))
 	for i, c := range cookies {
@@ -191,7 +193,7 @@ int main(int argc, char **argv) {
 		// Go's decoding of its own encoding, which TestCookieRoundTrip
 		// holds to the fields set.
 		d := decodeCookie(c.encode())
-		want := fmt.Sprintf("%d %d %d %d %d %d", d.op, d.adj, d.user, d.back, d.rangeBytes(), d.alias)
+		want := fmt.Sprintf("%d %d %d %d %d %d %d", d.op, d.adj, d.user, d.back, d.rangeBytes(), d.alias, b2u64(d.refires))
 		if i >= len(lines) || lines[i] != want {
 			t.Errorf("cookie %+v: C reads %q, want %q", c, lines[min(i, len(lines)-1)], want)
 		}

@@ -19,6 +19,8 @@ type probeCookie struct {
 	// For an unlock probe: the init whose entry point is the same address
 	// (the probe tells them apart by whether the thread holds the lock).
 	alias events.Op
+	// refires: the site can fire more than once in one call.
+	refires bool
 }
 
 const (
@@ -29,6 +31,7 @@ const (
 	cookieUserShift  = uint64(hooktraceCookieLayoutCOOKIE_USER_SHIFT)
 	cookieAliasShift = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT)
 	cookieAliasBits  = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_BITS)
+	cookieRefires    = uint64(hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT)
 	cookieBackShift  = uint64(hooktraceCookieLayoutCOOKIE_BACK_SHIFT)
 	cookieBackBits   = uint64(hooktraceCookieLayoutCOOKIE_BACK_BITS)
 	cookieLenShift   = uint64(hooktraceCookieLayoutCOOKIE_LEN_SHIFT)
@@ -46,19 +49,28 @@ func (c probeCookie) encode() uint64 {
 		uint64(c.user)<<cookieUserShift |
 		uint64(c.back)&(1<<cookieBackBits-1)<<cookieBackShift |
 		uint64(c.length)&(1<<cookieLenBits-1)<<cookieLenShift |
-		uint64(c.alias)&(1<<cookieAliasBits-1)<<cookieAliasShift
+		uint64(c.alias)&(1<<cookieAliasBits-1)<<cookieAliasShift |
+		b2u64(c.refires)<<cookieRefires
+}
+
+func b2u64(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // decodeCookie reads a cookie back; user, the range and the alias are all
 // filled from the shared high half.
 func decodeCookie(v uint64) probeCookie {
 	return probeCookie{
-		op:     events.Op(field(v, cookieOpShift, cookieOpBits)),
-		adj:    uint16(field(v, cookieAdjShift, cookieAdjBits)),
-		user:   uint32(v >> cookieUserShift),
-		back:   uint32(field(v, cookieBackShift, cookieBackBits)),
-		length: uint32(field(v, cookieLenShift, cookieLenBits)),
-		alias:  events.Op(field(v, cookieAliasShift, cookieAliasBits)),
+		op:      events.Op(field(v, cookieOpShift, cookieOpBits)),
+		adj:     uint16(field(v, cookieAdjShift, cookieAdjBits)),
+		user:    uint32(v >> cookieUserShift),
+		back:    uint32(field(v, cookieBackShift, cookieBackBits)),
+		length:  uint32(field(v, cookieLenShift, cookieLenBits)),
+		alias:   events.Op(field(v, cookieAliasShift, cookieAliasBits)),
+		refires: field(v, cookieRefires, 1) != 0,
 	}
 }
 

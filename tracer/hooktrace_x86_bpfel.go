@@ -29,6 +29,7 @@ const (
 	hooktraceCookieLayoutCOOKIE_USER_SHIFT     hooktraceCookieLayout = 32
 	hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT    hooktraceCookieLayout = 32
 	hooktraceCookieLayoutCOOKIE_ALIAS_BITS     hooktraceCookieLayout = 16
+	hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT  hooktraceCookieLayout = 48
 	hooktraceCookieLayoutCOOKIE_BACK_SHIFT     hooktraceCookieLayout = 32
 	hooktraceCookieLayoutCOOKIE_BACK_BITS      hooktraceCookieLayout = 24
 	hooktraceCookieLayoutCOOKIE_LEN_SHIFT      hooktraceCookieLayout = 56
@@ -191,6 +192,9 @@ type hooktraceThreadState struct {
 	}
 	CacheKey   [4]uint64
 	CacheStack [4]uint64
+	RefireLock uint64
+	RefireSp   uint64
+	RefireRet  uint64
 }
 
 type hooktraceTraceState uint32

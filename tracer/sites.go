@@ -138,8 +138,6 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 				plan[i].alias = fn.op
 			case plan[i].fn.op.IsLockInit() && fn.op.IsUnlock():
 				plan[i].alias, plan[i].fn = plan[i].fn.op, fn
-			default:
-				warn(fmt.Sprintf("%s is %s in %s: only the first is traced", fn.name, plan[i].fn.name, path))
 			}
 			break
 		}
