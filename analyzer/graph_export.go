@@ -44,6 +44,10 @@ type GraphEdge struct {
 	// every one was a timed wait.
 	Read  bool `json:"read,omitempty"`
 	Timed bool `json:"timed,omitempty"`
+	// Hook, on a dependency seen only through a memory hook (an allocator
+	// call made under From can run a hook that takes To), names the hook:
+	// "munmap hook".
+	Hook string `json:"hook,omitempty"`
 }
 
 // graph builds the class-level lock graph; onCycle maps dependencies to
@@ -92,6 +96,9 @@ func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string) *Graph {
 			}
 			if !s.timed {
 				timedOnly[i] = false
+			}
+			if s.link != nil && ge.Hook == "" {
+				ge.Hook = hookName(s.link.take.via)
 			}
 			if ed.from.typ == typeArena && (ge.Arena == "" || s.hold > holdOf(ge.Arena)) {
 				ge.Arena = s.hold.String()

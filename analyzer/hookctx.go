@@ -72,8 +72,7 @@ type hookCtx struct {
 	takeList []*hookTake
 	// seen[entry][syscall]: the allocator was seen making the syscall
 	// inside that entry point (what a non-glibc allocator does).
-	seen  map[events.Op]map[events.Op]bool
-	links map[linkKey]bool
+	seen map[events.Op]map[events.Op]bool
 }
 
 type underKey struct {
@@ -116,11 +115,6 @@ type hookTake struct {
 	pid, tid   uint32
 }
 
-type linkKey struct {
-	under *underCall
-	take  *hookTake
-}
-
 // hookLink is a dependency L → M through a hook: under holds L around an
 // allocator call that can run the hook that takes M.
 type hookLink struct {
@@ -146,7 +140,6 @@ func (p *proc) hookContext() *hookCtx {
 			under: map[underKey]*underCall{},
 			takes: map[takeKey]*hookTake{},
 			seen:  map[events.Op]map[events.Op]bool{},
-			links: map[linkKey]bool{},
 		}
 	}
 	return p.ctx
@@ -277,16 +270,12 @@ func (a *Analyzer) sawSyscall(c *hookCtx, entry, sys events.Op) {
 }
 
 // hookLink adds under.inst → take.inst through the hook when the
-// allocator call can run it.
+// allocator call can run it. A pair may come again (the allocator seen
+// doing more): the edge, or the self sighting, is kept once.
 func (a *Analyzer) hookLink(c *hookCtx, u *underCall, h *hookTake) {
-	lk := linkKey{u, h}
-	if c.links[lk] {
-		return
-	}
 	if ok, _ := c.reach(u.stream, u.op, h); !ok {
 		return
 	}
-	c.links[lk] = true
 	link := &hookLink{ctx: c, under: u, take: h}
 	if u.inst == h.inst {
 		a.hookSelf(link)

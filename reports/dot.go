@@ -88,6 +88,9 @@ func edgeLabel(e analyzer.GraphEdge) string {
 	if e.Arena != "" {
 		parts = append(parts, "arena "+e.Arena)
 	}
+	if e.Hook != "" {
+		parts = append(parts, "through "+e.Hook)
+	}
 	if e.Read {
 		parts = append(parts, "read")
 	}
