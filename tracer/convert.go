@@ -37,7 +37,6 @@ type converter struct {
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
 	sym    *symbolize.Symbolizer
-	live   *liveMaps // keeps sym current while the process lives
 	alloc  *allocRange
 	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
 	// notInAlloc holds the samples whose unwound stack has no allocator
@@ -46,12 +45,12 @@ type procState struct {
 	byFrame    map[string]uint32 // unwound frames -> Stack.ID
 	locks      map[uint64]bool
 	threads    map[uint32]bool
-	// mapsDirty: an executable mapping was made since the maps were read.
+	// mapsDirty: memory was mapped or unmapped since the maps were read.
 	mapsDirty bool
 }
 
-// mapsFor returns the process's mappings, read again when code was mapped
-// since, or when pc is in none of them.
+// mapsFor returns the process's mappings, read again when memory was
+// mapped or unmapped since, or when pc is in none of them.
 func (p *procState) mapsFor(pc uint64) symbolize.Maps {
 	maps := p.sym.Maps()
 	if _, ok := maps.Find(pc); p.mapsDirty || !ok {
@@ -91,21 +90,16 @@ func (c *converter) setAllocator(pid uint32, r *allocRange) {
 func (c *converter) watch(pid uint32) *procState {
 	var alloc *allocRange
 	sym := symbolize.New(int(pid))
-	old, ok := c.procs[pid]
-	var live *liveMaps
-	if ok {
-		alloc, live = old.alloc, old.live
-		// Gone already: the poller's last snapshot is all there is.
+	if old, ok := c.procs[pid]; ok {
+		alloc = old.alloc
+		// Gone already: the snapshot taken at its exec or exit stop (see
+		// refreshMaps) is all there is.
 		if len(sym.Maps()) == 0 {
 			sym = old.sym
 		}
-		live.sym.Store(sym)
-	} else {
-		live = startLiveMaps(pid, sym)
 	}
 	p := &procState{
 		sym:        sym,
-		live:       live,
 		alloc:      alloc,
 		notInAlloc: map[uint64]bool{},
 		stacks:     map[uint64]uint32{},
@@ -119,22 +113,17 @@ func (c *converter) watch(pid uint32) *procState {
 	return p
 }
 
-// exiting takes the last snapshot of pid's mappings. It runs on another
-// goroutine than the converter: it only touches the symbolizer, which
-// locks.
-func (c *converter) exiting(pid uint32) {
+// refreshMaps reads pid's mappings while pid is held at its exec or exit
+// (run's ptrace stops), with its memory intact: the reader may be far
+// behind, and a short-lived process gone, mappings and all, by the time
+// its stacks are symbolized. It runs on another goroutine than the
+// converter: it only touches the symbolizer, which locks.
+func (c *converter) refreshMaps(pid uint32) {
 	c.mu.Lock()
 	p := c.procs[pid]
 	c.mu.Unlock()
 	if p != nil {
-		p.live.sym.Load().Refresh()
-	}
-}
-
-// close stops the maps pollers.
-func (c *converter) close() {
-	for _, p := range c.procs {
-		p.live.close()
+		p.sym.Refresh()
 	}
 }
 
@@ -210,9 +199,19 @@ func (c *converter) event(r *hooktraceEvent) error {
 			}
 		}
 	}
-	if op == events.OpMmap && r.Arg&unix.PROT_EXEC != 0 {
-		// Code is being mapped (the loader, dlopen): stacks may soon
-		// point into it.
+	switch op {
+	case events.OpMmap:
+		p.mapsDirty = true
+		if r.Arg&unix.PROT_EXEC != 0 || (r.Arg>>32)&unix.MAP_ANONYMOUS == 0 {
+			// A file or code is being mapped (the loader, dlopen): read
+			// the maps now, while it is most likely still there; the
+			// reader runs behind the process, which may unmap it before
+			// its stacks are looked up. The event is sent on entry to
+			// the call, so the mapping may not be there yet: mapsDirty
+			// reads them again at the next lookup.
+			p.sym.Refresh()
+		}
+	case events.OpMunmap, events.OpMremap:
 		p.mapsDirty = true
 	}
 	flags, addr2 := events.Flags(r.Flags), r.Addr2
@@ -259,12 +258,12 @@ func (c *converter) stack(r *hooktraceStack) error {
 func (c *converter) sample(r *hooktraceSample) error {
 	p := c.proc(r.Pid)
 	n := min(int(r.Len), len(r.Data))
-	maps := p.mapsFor(r.Ip)
-	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
+	p.mapsFor(r.Ip)
+	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, r.Data[:n])
 	if p.alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
-			if p.alloc.contains(maps, pc) {
+			if p.alloc.contains(p.sym, pc) {
 				inside = true
 				break
 			}

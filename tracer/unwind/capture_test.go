@@ -142,7 +142,7 @@ func (c *capture) resolver(tb testing.TB) Resolver {
 			obj, ok := objects[m.path]
 			if !ok {
 				var err error
-				if obj, err = Open(m.path); err != nil {
+				if obj, err = openPath(m.path); err != nil {
 					tb.Logf("opening %s: %v", m.path, err)
 				}
 				objects[m.path] = obj
@@ -150,7 +150,7 @@ func (c *capture) resolver(tb testing.TB) Resolver {
 			if obj == nil {
 				return nil, 0, false
 			}
-			bias, err := obj.LoadBias(m.start, m.offset)
+			bias, err := loadBias(m.path, m.start, m.offset)
 			if err != nil {
 				tb.Logf("%v", err)
 				return nil, 0, false
@@ -194,13 +194,9 @@ func (c *capture) symbols(tb testing.TB, path string) []symbol {
 	}
 	var bias uint64
 	found := false
-	obj, err := Open(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	for _, m := range c.maps {
 		if m.path == path {
-			if bias, err = obj.LoadBias(m.start, m.offset); err != nil {
+			if bias, err = loadBias(m.path, m.start, m.offset); err != nil {
 				tb.Fatal(err)
 			}
 			found = true
@@ -312,7 +308,7 @@ func TestUnwindWithDebugFrame(t *testing.T) {
 	syms := c.symbols(t, bin)
 	checkFuncAddresses(t, c, syms)
 
-	obj, err := Open(bin)
+	obj, err := openPath(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,7 +478,7 @@ func BenchmarkOpenLibc(b *testing.B) {
 		b.Skip(err)
 	}
 	for b.Loop() {
-		if _, err := Open(path); err != nil {
+		if _, err := openPath(path); err != nil {
 			b.Fatal(err)
 		}
 	}
