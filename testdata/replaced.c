@@ -1,7 +1,7 @@
 /* Loads the library argv[1], waits until the test has replaced it on disk
- * (a byte on the FIFO argv[2]) and then calls it: it takes a lock and
- * calls malloc in the copy it mapped, which only that copy's symbols and
- * CFI describe. */
+ * (a byte on the FIFO argv[2]) and then calls it until the test closes
+ * the FIFO: it takes a lock and calls malloc in the copy it mapped, which
+ * only that copy's symbols and CFI describe. */
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -23,6 +23,11 @@ int main(int argc, char **argv)
 	char c;
 	if (!entry || fd < 0 || read(fd, &c, 1) != 1)
 		return 3;
-	free(entry(1 << 20));
+	if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0)
+		return 3;
+	do {
+		free(entry(1 << 20));
+		usleep(1000);
+	} while (read(fd, &c, 1) != 0); /* 0: the test closed its end */
 	return 0;
 }

@@ -60,6 +60,10 @@ type site struct {
 	fn      probeFunc
 	object  string // path
 	obj     *symbolize.Object
+	// file is the path to attach through: for an object pid maps, a
+	// handle on the mapped file (/proc/PID/map_files/...), since a uprobe
+	// goes on the file its path names when it is attached.
+	file    string
 	sym     symbolize.Symbol
 	userIdx int // for user probes: index into Header.UserProbes
 	code    []byte
@@ -79,14 +83,16 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 	// same file (and the same cached Object) its stacks are symbolized and
 	// unwound with, even if its path now names another one.
 	opened := map[string]*symbolize.Object{}
+	via := map[string]string{}
 	open := func(path string) *symbolize.Object {
 		if o, ok := opened[path]; ok {
 			return o
 		}
 		var o *symbolize.Object
 		var err error
+		via[path] = path
 		if m, ok := fileMapping(maps, path); ok {
-			o, err = symbolize.OpenMapped(pid, m)
+			o, via[path], err = symbolize.OpenMapped(pid, m)
 		} else {
 			o, err = symbolize.OpenIn(pid, path)
 		}
@@ -124,7 +130,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 			key := fmt.Sprintf("%s:%x", path, sym.Value)
 			if !seen[key] {
 				seen[key] = true
-				plan = append(plan, site{fn: fn, object: path, obj: o, sym: sym, userIdx: -1})
+				plan = append(plan, site{fn: fn, object: path, obj: o, file: via[path], sym: sym, userIdx: -1})
 			}
 			break
 		}
@@ -148,7 +154,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 				continue
 			}
 			plan = append(plan, site{fn: probeFunc{name: name, op: events.OpProbeEnter, ret: true},
-				object: path, obj: o, sym: sym, userIdx: i})
+				object: path, obj: o, file: via[path], sym: sym, userIdx: i})
 			found = true
 			break
 		}

@@ -92,13 +92,17 @@ func Open(path string) (*Object, error) {
 
 // OpenMapped opens the file that mapping m of process pid maps, through
 // the kernel's handle on the mapping when it can (see openMapped): the
-// file rebuilt or replaced at m.Path since is not the one read.
-func OpenMapped(pid int, m Mapping) (*Object, error) {
+// file rebuilt or replaced at m.Path since is not the one read. via is the
+// path it was opened through, which names that same file while the
+// mapping lasts: what uprobes for the process must be attached through.
+func OpenMapped(pid int, m Mapping) (o *Object, via string, err error) {
 	f, err := openMapped(pid, m)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return openFile(f, m.Path, processRoots(pid))
+	via = f.Name()
+	o, err = openFile(f, m.Path, processRoots(pid))
+	return o, via, err
 }
 
 // OpenIn opens path as process pid sees it (through /proc/PID/root, for a
