@@ -57,9 +57,9 @@ var probeFuncs = []probeFunc{
 
 // site is one function in one object, ready to attach.
 type site struct {
-	fn      probeFunc
-	object  string // path
-	obj     *symbolize.Object
+	fn     probeFunc
+	object string // path
+	obj    *symbolize.Object
 	// file is the path to attach through: for an object pid maps, a
 	// handle on the mapped file (/proc/PID/map_files/...), since a uprobe
 	// goes on the file its path names when it is attached.
