@@ -249,11 +249,11 @@ func (o *Object) Interpreter() string {
 	return ""
 }
 
-// inLoad reports whether vaddr is inside a loaded segment, counting the part
-// of it only present in memory (.bss).
-func (o *Object) inLoad(vaddr uint64) bool {
+// inBSS reports whether vaddr is in the part of a loaded segment only
+// present in memory (.bss past the file's contents).
+func (o *Object) inBSS(vaddr uint64) bool {
 	for _, p := range o.loads {
-		if vaddr >= p.Vaddr && vaddr-p.Vaddr < p.Memsz {
+		if vaddr >= p.Vaddr+p.Filesz && vaddr < p.Vaddr+p.Memsz {
 			return true
 		}
 	}

@@ -248,7 +248,7 @@ func (s *Symbolizer) locate(addr uint64) (m Mapping, b binding, vaddr uint64, ok
 		// The tail of a .bss too big for the last file page is anonymous
 		// memory right after the object's data mapping.
 		prev, pb := s.maps[i-1], s.bound[i-1]
-		if pb.obj != nil && prev.End == m.Start && pb.obj.inLoad(addr-pb.bias) {
+		if pb.obj != nil && prev.End == m.Start && pb.obj.inBSS(addr-pb.bias) {
 			return prev, pb, addr - pb.bias, true
 		}
 	}
