@@ -202,13 +202,14 @@ func (c *converter) event(r *hooktraceEvent) error {
 	switch op {
 	case events.OpMmap:
 		p.mapsDirty = true
-		if r.Arg&unix.PROT_EXEC != 0 || (r.Arg>>32)&unix.MAP_ANONYMOUS == 0 {
-			// A file or code is being mapped (the loader, dlopen): read
-			// the maps now, while it is most likely still there; the
-			// reader runs behind the process, which may unmap it before
+		if r.Arg&unix.PROT_EXEC != 0 {
+			// Code is being mapped (the loader, dlopen): read the maps
+			// now, while it is most likely still there; the reader runs
+			// behind the process, which may unmap it (dlclose) before
 			// its stacks are looked up. The event is sent on entry to
 			// the call, so the mapping may not be there yet: mapsDirty
-			// reads them again at the next lookup.
+			// reads them again at the next lookup. Data files mapped
+			// (shared memory segments, say) wait for the next lookup.
 			p.sym.Refresh()
 		}
 	case events.OpMunmap, events.OpMremap:
