@@ -58,7 +58,6 @@ type Object struct {
 
 	cfiOnce sync.Once
 	cfi     *unwind.Object // nil when unreadable
-	cfiErr  error
 }
 
 type fileKey struct {
@@ -216,7 +215,9 @@ func (o *Object) ReadAt(p []byte, off int64) (int, error) { return o.r.ReadAt(p,
 // on first use, or nil when it has none that can be read.
 func (o *Object) CFI() *unwind.Object {
 	o.cfiOnce.Do(func() {
-		o.cfi, o.cfiErr = unwind.New(o.path, o.file)
+		// Without CFI the unwinder falls back to frame pointers, as for
+		// code in no file; why it could not be read changes nothing.
+		o.cfi, _ = unwind.New(o.path, o.file)
 		if o.cfi != nil && !o.cfi.HasCFI() {
 			o.cfi = nil
 		}

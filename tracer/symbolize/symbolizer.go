@@ -33,8 +33,8 @@ const minRefreshGap = 20 * time.Millisecond
 //
 // Addresses are symbolized behind the process: by the time a stack is
 // looked up, what it points into may have been unmapped (dlclose). So a
-// refresh keeps the mappings that went away as long as nothing new is
-// mapped over them; only when none of the snapshot's files is still mapped
+// refresh keeps the mappings of objects that went away as long as nothing
+// new is mapped over them; only when none of the snapshot's files is still mapped
 // as it was (an exec) does the new snapshot start afresh.
 //
 // A Symbolizer is safe for concurrent use.
@@ -141,7 +141,7 @@ func (s *Symbolizer) refresh() error {
 		}
 	}
 
-	if keep := gone(s.maps, maps); len(keep) > 0 && survives(s.maps, maps) {
+	if keep := gone(s.maps, s.bound, maps); len(keep) > 0 && survives(s.maps, maps) {
 		maps, bound = merge(maps, bound, keep, s.maps, s.bound)
 	}
 	if !onlyAdded(s.maps, maps) {
@@ -169,11 +169,16 @@ func processRoots(pid int) []string {
 	return []string{root}
 }
 
-// gone returns the indexes of old's mappings that overlap nothing in new:
-// unmapped since, with nothing mapped there again.
-func gone(old, new Maps) []int {
+// gone returns the indexes of old's mappings of objects that overlap
+// nothing in new: unmapped since, with nothing mapped there again.
+// Anonymous memory is not kept: it names nothing, and a process that
+// maps and unmaps it at changing addresses would make the list grow.
+func gone(old Maps, oldBound []binding, new Maps) []int {
 	var out []int
 	for i, m := range old {
+		if oldBound[i].obj == nil {
+			continue
+		}
 		j := sort.Search(len(new), func(j int) bool { return new[j].End > m.Start })
 		if j == len(new) || new[j].Start >= m.End {
 			out = append(out, i)
