@@ -3,7 +3,6 @@
 package tracer
 
 import (
-	"debug/elf"
 	"path/filepath"
 	"strings"
 
@@ -14,7 +13,8 @@ import (
 // offsets. A return address in this range on a thread's stack means the
 // thread is inside an allocator call.
 type allocRange struct {
-	object string
+	obj    *symbolize.Object
+	object string // its path
 	name   string // "glibc", "jemalloc", ...
 	lo, hi uint64
 }
@@ -34,20 +34,17 @@ var glibcAllocFuncs = []string{
 // functions; any other allocator library is all allocator.
 func findAllocator(plan []site) *allocRange {
 	var object string
+	var o *symbolize.Object
 	for _, s := range plan {
 		if s.fn.name == "malloc" {
-			object = s.object
+			object, o = s.object, s.obj
 		}
 	}
-	if object == "" {
-		return nil
-	}
-	o, err := symbolize.Open(object)
-	if err != nil {
+	if o == nil {
 		return nil
 	}
 	if _, err := o.Func("_int_malloc"); err == nil || strings.HasPrefix(filepath.Base(object), "libc.so") {
-		r := &allocRange{object: object, name: "glibc"}
+		r := &allocRange{obj: o, object: object, name: "glibc"}
 		for _, name := range glibcAllocFuncs {
 			sym, err := o.Func(name)
 			if err != nil || sym.Offset == 0 {
@@ -63,19 +60,11 @@ func findAllocator(plan []site) *allocRange {
 		}
 		return r
 	}
-	r := &allocRange{object: object, name: allocatorName(object)}
-	f, err := elf.Open(object)
-	if err != nil {
+	off, size, ok := o.CodeSegment()
+	if !ok {
 		return nil
 	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 {
-			r.lo, r.hi = p.Off, p.Off+p.Filesz
-			return r
-		}
-	}
-	return nil
+	return &allocRange{obj: o, object: object, name: allocatorName(object), lo: off, hi: off + size}
 }
 
 func allocatorName(object string) string {
@@ -103,15 +92,16 @@ func (r *allocRange) cookieRange(c *probeCookie, off uint64) {
 	c.back, c.length = uint32(back), uint32(units)
 }
 
-// contains reports whether runtime address pc, in maps, is allocator code.
-func (r *allocRange) contains(maps symbolize.Maps, pc uint64) bool {
+// contains reports whether runtime address pc is allocator code: in the
+// allocator's object, as the process maps it, and inside its range.
+func (r *allocRange) contains(sym *symbolize.Symbolizer, pc uint64) bool {
 	if r == nil {
 		return false
 	}
-	m, ok := maps.Find(pc)
-	if !ok || m.Path != r.object {
+	o, vaddr, ok := sym.ObjectAt(pc)
+	if !ok || o != r.obj {
 		return false
 	}
-	off := pc - m.Start + m.Offset
-	return off >= r.lo && off < r.hi
+	off, err := o.FileOffset(vaddr)
+	return err == nil && off >= r.lo && off < r.hi
 }

@@ -20,6 +20,7 @@ import (
 // of one per function makes detaching take one such wait, not forty.
 type probeBatch struct {
 	object  string
+	file    string // the path to attach through (see site.file)
 	ret     bool
 	addrs   []uint64 // file offsets
 	cookies []uint64
@@ -35,7 +36,7 @@ type probeBatch struct {
 func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocRange, placed map[string]bool, warn func(string)) ([]link.Link, []events.ProbeSite) {
 	batches := map[[2]string]*probeBatch{}
 	var order [][2]string
-	add := func(object string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
+	add := func(object, file string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
 		id := fmt.Sprintf("%d:%s:%x:%v", pid, object, addr, ret)
 		if placed[id] {
 			return
@@ -44,7 +45,7 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		key := [2]string{object, fmt.Sprint(ret)}
 		b, ok := batches[key]
 		if !ok {
-			b = &probeBatch{object: object, ret: ret}
+			b = &probeBatch{object: object, file: file, ret: ret}
 			batches[key] = b
 			order = append(order, key)
 		}
@@ -71,7 +72,7 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		note := s.choice.Note
 		if s.userIdx >= 0 {
 			cookie.user = uint32(s.userIdx)
-		} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
+		} else if op.IsAllocator() && alloc != nil && s.obj == alloc.obj {
 			alloc.cookieRange(&cookie, s.sym.Offset+offset)
 		} else if op.IsLockAcquire() && s.choice.Refires {
 			cookie.refires = true
@@ -86,14 +87,14 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 			offset, note = 0, "entry: a return probe is placed here anyway"
 			cookie = probeCookie{op: op, user: userField(s.userIdx)}
 		}
-		add(s.object, false, s.sym.Offset+offset, cookie.encode(), events.ProbeSite{Name: s.fn.name, Object: s.object,
+		add(s.object, s.file, false, s.sym.Offset+offset, cookie.encode(), events.ProbeSite{Name: s.fn.name, Object: s.object,
 			Offset: offset, Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
 		if s.fn.ret && retProg != nil {
 			retOp := op
 			if op == events.OpProbeEnter {
 				retOp = events.OpProbeExit
 			}
-			add(s.object, true, s.sym.Offset, probeCookie{op: retOp, user: userField(s.userIdx)}.encode(),
+			add(s.object, s.file, true, s.sym.Offset, probeCookie{op: retOp, user: userField(s.userIdx)}.encode(),
 				events.ProbeSite{Name: s.fn.name, Object: s.object, Address: s.sym.Value, Kind: "uretprobe"})
 		}
 	}
@@ -101,7 +102,11 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 	var sites []events.ProbeSite
 	for _, key := range order {
 		b := batches[key]
-		ex, err := link.OpenExecutable(b.object)
+		file := b.file
+		if file == "" {
+			file = b.object
+		}
+		ex, err := link.OpenExecutable(file)
 		if err != nil {
 			warn(fmt.Sprintf("opening %s: %v", b.object, err))
 			continue

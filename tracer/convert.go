@@ -44,7 +44,6 @@ type converter struct {
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
 	sym    *symbolize.Symbolizer
-	live   *liveMaps         // keeps sym current while the process lives
 	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
 	// notInAlloc holds the samples whose unwound stack has no allocator
 	// frame: the kernel's quick test was fooled (a stale return slot).
@@ -52,12 +51,12 @@ type procState struct {
 	byFrame    map[string]uint32 // unwound frames -> Stack.ID
 	locks      map[uint64]bool
 	threads    map[uint32]bool
-	// mapsDirty: an executable mapping was made since the maps were read.
+	// mapsDirty: memory was mapped or unmapped since the maps were read.
 	mapsDirty bool
 }
 
-// mapsFor returns the process's mappings, read again when code was mapped
-// since, or when pc is in none of them.
+// mapsFor returns the process's mappings, read again when memory was
+// mapped or unmapped since, or when pc is in none of them.
 func (p *procState) mapsFor(pc uint64) symbolize.Maps {
 	maps := p.sym.Maps()
 	if _, ok := maps.Find(pc); p.mapsDirty || !ok {
@@ -109,20 +108,15 @@ func (c *converter) watch(pid uint32) *procState {
 	c.mu.Lock()
 	old, ok := c.procs[pid]
 	c.mu.Unlock()
-	var live *liveMaps
 	if ok {
-		live = old.live
-		// Gone already: the poller's last snapshot is all there is.
+		// Gone already: the snapshot taken at its exec or exit stop (see
+		// refreshMaps) is all there is.
 		if len(sym.Maps()) == 0 {
 			sym = old.sym
 		}
-		live.sym.Store(sym)
-	} else {
-		live = startLiveMaps(pid, sym)
 	}
 	p := &procState{
 		sym:        sym,
-		live:       live,
 		notInAlloc: map[uint64]bool{},
 		stacks:     map[uint64]uint32{},
 		byFrame:    map[string]uint32{},
@@ -135,22 +129,17 @@ func (c *converter) watch(pid uint32) *procState {
 	return p
 }
 
-// exiting takes the last snapshot of pid's mappings. It runs on another
-// goroutine than the converter: it only touches the symbolizer, which
-// locks.
-func (c *converter) exiting(pid uint32) {
+// refreshMaps reads pid's mappings while pid is held at its exec or exit
+// (run's ptrace stops), with its memory intact: the reader may be far
+// behind, and a short-lived process gone, mappings and all, by the time
+// its stacks are symbolized. It runs on another goroutine than the
+// converter: it only touches the symbolizer, which locks.
+func (c *converter) refreshMaps(pid uint32) {
 	c.mu.Lock()
 	p := c.procs[pid]
 	c.mu.Unlock()
 	if p != nil {
-		p.live.sym.Load().Refresh()
-	}
-}
-
-// close stops the maps pollers.
-func (c *converter) close() {
-	for _, p := range c.procs {
-		p.live.close()
+		p.sym.Refresh()
 	}
 }
 
@@ -237,9 +226,20 @@ func (c *converter) event(r *hooktraceEvent) error {
 			}
 		}
 	}
-	if op == events.OpMmap && r.Arg&unix.PROT_EXEC != 0 {
-		// Code is being mapped (the loader, dlopen): stacks may soon
-		// point into it.
+	switch op {
+	case events.OpMmap:
+		p.mapsDirty = true
+		if r.Arg&unix.PROT_EXEC != 0 {
+			// Code is being mapped (the loader, dlopen): read the maps
+			// now, while it is most likely still there; the reader runs
+			// behind the process, which may unmap it (dlclose) before
+			// its stacks are looked up. The event is sent on entry to
+			// the call, so the mapping may not be there yet: mapsDirty
+			// reads them again at the next lookup. Data files mapped
+			// (shared memory segments, say) wait for the next lookup.
+			p.sym.Refresh()
+		}
+	case events.OpMunmap, events.OpMremap:
 		p.mapsDirty = true
 	}
 	flags, addr2 := events.Flags(r.Flags), r.Addr2
@@ -286,12 +286,12 @@ func (c *converter) stack(r *hooktraceStack) error {
 func (c *converter) sample(r *hooktraceSample) error {
 	p := c.proc(r.Pid)
 	n := min(int(r.Len), len(r.Data))
-	maps := p.mapsFor(r.Ip)
-	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
+	p.mapsFor(r.Ip)
+	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, r.Data[:n])
 	if alloc := c.allocator(r.Pid); alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
-			if alloc.contains(maps, pc) {
+			if alloc.contains(p.sym, pc) {
 				inside = true
 				break
 			}

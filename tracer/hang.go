@@ -266,7 +266,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize
 			size = int(min(uint64(size), m.End-s.sp))
 		}
 		t.data = readMem(s.sp, size)
-		pcs, complete := unwindBlocked(unw, maps, s.pc, s.sp, t.data)
+		pcs, complete := unwindBlocked(unw, sym, maps, s.pc, s.sp, t.data)
 		t.stack = &events.Stack{Frames: sym.Frames(pcs), Truncated: !complete}
 		if w.opts.ArenaHeld != nil {
 			held, _ := w.opts.ArenaHeld(t.stack)
@@ -434,8 +434,8 @@ func stackHolds(data []byte, v uint64) bool {
 // stack) followed by a return address into code; the first guess with
 // which the walk reaches the end of the stack wins. With none, the short
 // stack is kept and marked truncated.
-func unwindBlocked(unw *unwinder, maps symbolize.Maps, pc, sp uint64, data []byte) ([]uint64, bool) {
-	pcs, complete := unw.unwind(maps, pc, sp, 0, data)
+func unwindBlocked(unw *unwinder, sym *symbolize.Symbolizer, maps symbolize.Maps, pc, sp uint64, data []byte) ([]uint64, bool) {
+	pcs, complete := unw.unwind(sym, pc, sp, 0, data)
 	first := append([]uint64(nil), pcs...)
 	if complete {
 		return first, true
@@ -451,7 +451,7 @@ func unwindBlocked(unw *unwinder, maps symbolize.Maps, pc, sp uint64, data []byt
 		if m, ok := maps.Find(ra); !ok || !m.Executable() {
 			continue
 		}
-		if pcs, complete := unw.unwind(maps, pc, sp, slot, data); complete && len(pcs) > len(first) {
+		if pcs, complete := unw.unwind(sym, pc, sp, slot, data); complete && len(pcs) > len(first) {
 			return append([]uint64(nil), pcs...), true
 		}
 	}

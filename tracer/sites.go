@@ -3,7 +3,6 @@
 package tracer
 
 import (
-	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -74,8 +73,13 @@ func named(fs []probeFunc) []probeFunc {
 
 // site is one function in one object, ready to attach.
 type site struct {
-	fn      probeFunc
-	object  string // path
+	fn     probeFunc
+	object string // path
+	obj    *symbolize.Object
+	// file is the path to attach through: for an object pid maps, a
+	// handle on the mapped file (/proc/PID/map_files/...), since a uprobe
+	// goes on the file its path names when it is attached.
+	file    string
 	sym     symbolize.Symbol
 	userIdx int // for user probes: index into Header.UserProbes
 	// alias is an init whose entry point is this unlock's address (glibc
@@ -94,27 +98,41 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 	// One read of the mappings serves the search order and every site's
 	// live address; a child not yet exec'd maps none of the target's.
 	maps, _ := symbolize.ReadMaps(pid)
-	objs, err := searchOrder(pid, exe, maps)
-	if err != nil {
-		return nil, err
-	}
-	// A uretprobe swaps a return address on the stack, and Go moves and
-	// walks its goroutine stacks: return probes would corrupt them.
-	goTarget := symbolize.ExeIsGo(objs[0])
-	if goTarget {
-		warn(fmt.Sprintf("%s is a Go program: no return probes are placed (they corrupt Go stacks), so try and timed lock results, cond_wait's retake and --probe exits are not traced", objs[0]))
-	}
+	// Each object is read from the file pid maps, when it maps it: the
+	// same file (and the same cached Object) its stacks are symbolized and
+	// unwound with, even if its path now names another one.
 	opened := map[string]*symbolize.Object{}
+	via := map[string]string{}
 	open := func(path string) *symbolize.Object {
 		if o, ok := opened[path]; ok {
 			return o
 		}
-		o, err := symbolize.Open(path)
+		var o *symbolize.Object
+		var err error
+		via[path] = path
+		if m, ok := fileMapping(maps, path); ok {
+			o, via[path], err = symbolize.OpenMapped(pid, m)
+		} else {
+			o, err = symbolize.OpenIn(pid, path)
+		}
 		if err != nil {
 			warn(fmt.Sprintf("reading %s: %v", path, err))
 		}
 		opened[path] = o
 		return o
+	}
+	objs, err := searchOrder(pid, exe, maps, open)
+	if err != nil {
+		return nil, err
+	}
+	// A uretprobe swaps a return address on the stack, and Go moves and
+	// walks its goroutine stacks: return probes would corrupt them.
+	goTarget := false
+	if o := open(objs[0]); o != nil {
+		goTarget = o.IsGo()
+	}
+	if goTarget {
+		warn(fmt.Sprintf("%s is a Go program: no return probes are placed (they corrupt Go stacks), so try and timed lock results, cond_wait's retake and --probe exits are not traced", objs[0]))
 	}
 	var plan []site
 	seen := map[string]int{} // object:address -> plan index, so aliases are probed once
@@ -133,7 +151,7 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 			switch {
 			case !dup:
 				seen[key] = len(plan)
-				plan = append(plan, site{fn: fn, object: path, sym: sym, userIdx: -1})
+				plan = append(plan, site{fn: fn, object: path, obj: o, file: via[path], sym: sym, userIdx: -1})
 			case plan[i].fn.op.IsUnlock() && fn.op.IsLockInit():
 				plan[i].alias = fn.op
 			case plan[i].fn.op.IsLockInit() && fn.op.IsUnlock():
@@ -161,7 +179,7 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 				continue
 			}
 			plan = append(plan, site{fn: probeFunc{name: name, op: events.OpProbeEnter, ret: true},
-				object: path, sym: sym, userIdx: i})
+				object: path, obj: o, file: via[path], sym: sym, userIdx: i})
 			found = true
 			break
 		}
@@ -171,7 +189,7 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 	}
 	for i := range plan {
 		s := &plan[i]
-		s.code, err = functionCode(s.object, s.sym)
+		s.code, err = functionCode(s.obj, s.sym)
 		if err != nil {
 			warn(fmt.Sprintf("reading %s in %s: %v", s.fn.name, s.object, err))
 			continue
@@ -192,7 +210,7 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 // breadth first, as `ld.so --list` prints them; then anything else mapped
 // (dlopen'ed). For a gated child the executable is exe; for a running
 // process it is /proc/PID/exe and its environment is the process's.
-func searchOrder(pid int, exe string, maps symbolize.Maps) ([]string, error) {
+func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *symbolize.Object) ([]string, error) {
 	var env []string
 	if exe == "" {
 		p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
@@ -222,7 +240,11 @@ func searchOrder(pid int, exe string, maps symbolize.Maps) ([]string, error) {
 			objs = append(objs, p)
 		}
 	}
-	if interp := interpreter(exe); interp != "" {
+	interp := ""
+	if o := open(exe); o != nil {
+		interp = o.Interpreter()
+	}
+	if interp != "" {
 		cmd := exec.Command(interp, "--list", exe)
 		cmd.Env = env
 		out, err := cmd.Output()
@@ -259,23 +281,6 @@ func parseLdList(out string) []string {
 	return paths
 }
 
-func interpreter(exe string) string {
-	f, err := elf.Open(exe)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			b := make([]byte, p.Filesz)
-			if _, err := p.ReadAt(b, 0); err == nil {
-				return strings.TrimRight(string(b), "\x00")
-			}
-		}
-	}
-	return ""
-}
-
 // loaderEnv is the part of pid's environment that steers the loader.
 func loaderEnv(pid int) []string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
@@ -302,6 +307,16 @@ func mappedObjects(maps symbolize.Maps) []string {
 	return out
 }
 
+// fileMapping returns a mapping of the file at path, when maps has one.
+func fileMapping(maps symbolize.Maps, path string) (symbolize.Mapping, bool) {
+	for _, m := range maps {
+		if m.IsFile() && m.Path == path {
+			return m, true
+		}
+	}
+	return symbolize.Mapping{}, false
+}
+
 // liveAddress is where the file offset off of object is mapped, or 0 when
 // it is not mapped (yet).
 func liveAddress(maps symbolize.Maps, object string, off uint64) uint64 {
@@ -315,20 +330,15 @@ func liveAddress(maps symbolize.Maps, object string, off uint64) uint64 {
 
 // functionCode reads a function's bytes from its file: the placement needs
 // the whole body to see branches back to the chosen site.
-func functionCode(path string, sym symbolize.Symbol) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+func functionCode(o *symbolize.Object, sym symbolize.Symbol) ([]byte, error) {
 	n := sym.Size
 	if n == 0 || n > 4096 {
 		n = 4096
 	}
 	b := make([]byte, n)
-	m, err := f.ReadAt(b, int64(sym.Offset))
+	m, err := o.ReadAt(b, int64(sym.Offset))
 	if m == 0 && err != nil {
-		return nil, fmt.Errorf("reading %s at %#x: %w", path, sym.Offset, err)
+		return nil, fmt.Errorf("reading %s at %#x: %w", o.Path(), sym.Offset, err)
 	}
 	return b[:m], nil
 }

@@ -211,6 +211,7 @@ func (t *Tracer) Exec(pid int) {
 	if err := t.place(pid, ""); err != nil {
 		t.opts.Warn(fmt.Sprintf("placing probes after pid %d's exec: %v", pid, err))
 	}
+	t.conv.refreshMaps(uint32(pid))
 }
 
 // place plans and attaches pid's probe sites.
@@ -417,14 +418,11 @@ func (t *Tracer) Close() error {
 	if t.rd != nil {
 		t.rd.Close()
 	}
-	if t.conv != nil {
-		t.conv.close()
-	}
 	return t.objs.Close()
 }
 
 // Exiting is called while pid is held at its exit, memory intact: the last
 // chance to read its mappings.
 func (t *Tracer) Exiting(pid int) {
-	t.conv.exiting(uint32(pid))
+	t.conv.refreshMaps(uint32(pid))
 }

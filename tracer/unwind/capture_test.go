@@ -108,7 +108,7 @@ func (c *capture) resolver(tb testing.TB) Resolver {
 			obj, ok := objects[m.path]
 			if !ok {
 				var err error
-				if obj, err = Open(m.path); err != nil {
+				if obj, err = openPath(m.path); err != nil {
 					tb.Logf("opening %s: %v", m.path, err)
 				}
 				objects[m.path] = obj
@@ -116,7 +116,7 @@ func (c *capture) resolver(tb testing.TB) Resolver {
 			if obj == nil {
 				return nil, 0, false
 			}
-			bias, err := obj.LoadBias(m.start, m.offset)
+			bias, err := loadBias(m.path, m.start, m.offset)
 			if err != nil {
 				tb.Logf("%v", err)
 				return nil, 0, false
@@ -160,13 +160,9 @@ func (c *capture) symbols(tb testing.TB, path string) []symbol {
 	}
 	var bias uint64
 	found := false
-	obj, err := Open(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	for _, m := range c.maps {
 		if m.path == path {
-			if bias, err = obj.LoadBias(m.start, m.offset); err != nil {
+			if bias, err = loadBias(m.path, m.start, m.offset); err != nil {
 				tb.Fatal(err)
 			}
 			found = true
@@ -278,7 +274,7 @@ func TestUnwindWithDebugFrame(t *testing.T) {
 	syms := c.symbols(t, bin)
 	checkFuncAddresses(t, c, syms)
 
-	obj, err := Open(bin)
+	obj, err := openPath(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +442,7 @@ func BenchmarkOpenLibc(b *testing.B) {
 	const path = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 	testenv.File(b, path, "Debian's libc6")
 	for b.Loop() {
-		if _, err := Open(path); err != nil {
+		if _, err := openPath(path); err != nil {
 			b.Fatal(err)
 		}
 	}

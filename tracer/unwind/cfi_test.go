@@ -101,7 +101,7 @@ func TestRowsMatchReadelf(t *testing.T) {
 	paths := append([]string{buildCapture(t)}, existingSystemObjects(t)...)
 	for _, path := range paths {
 		t.Run(path, func(t *testing.T) {
-			obj, err := Open(path)
+			obj, err := openPath(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +193,7 @@ func compareWithReadelf(t *testing.T, obj *Object, out []byte) (rows, fdes int) 
 // against the index built by scanning, for every FDE boundary.
 func TestHeaderTableMatchesIndex(t *testing.T) {
 	for _, path := range existingSystemObjects(t) {
-		obj, err := Open(path)
+		obj, err := openPath(path)
 		if err != nil {
 			t.Fatal(err)
 		}
