@@ -3,7 +3,6 @@ package symbolize
 import (
 	"fmt"
 	"github.com/hooktrace/hooktrace/internal/testenv"
-	"os/exec"
 	"path/filepath"
 	"testing"
 )
