@@ -20,7 +20,10 @@ import (
 // event that uses it, and names threads and locks on first sight, while the
 // process is still there to ask.
 type converter struct {
-	mu sync.Mutex // guards procs for exiting, called from elsewhere
+	// mu guards procs: the reader looks processes up while the ptrace
+	// gate's goroutine places a new child's or image's probes (setAllocator)
+	// and takes an exiting process's last maps.
+	mu sync.Mutex
 	// Threads and lock addresses seen, for the live status line.
 	nthreads, nlocks atomic.Int64
 	emit             func(*events.Record) error
@@ -38,7 +41,8 @@ type converter struct {
 type procState struct {
 	sym    *symbolize.Symbolizer
 	live   *liveMaps // keeps sym current while the process lives
-	alloc  *allocRange
+	// alloc is set by the goroutine placing probes, read by the reader.
+	alloc  atomic.Pointer[allocRange]
 	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
 	// notInAlloc holds the samples whose unwound stack has no allocator
 	// frame: the kernel's quick test was fooled (a stale return slot).
@@ -82,19 +86,25 @@ func newConverter(warn func(string)) *converter {
 
 // setAllocator records which allocator pid uses.
 func (c *converter) setAllocator(pid uint32, r *allocRange) {
-	c.proc(pid).alloc = r
+	c.proc(pid).alloc.Store(r)
 }
 
 // watch starts afresh on pid's address space, keeping what is known of
 // its allocator (the probes were placed for the image it runs or is about
 // to exec).
 func (c *converter) watch(pid uint32) *procState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.watchLocked(pid)
+}
+
+func (c *converter) watchLocked(pid uint32) *procState {
 	var alloc *allocRange
 	sym := symbolize.New(int(pid))
 	old, ok := c.procs[pid]
 	var live *liveMaps
 	if ok {
-		alloc, live = old.alloc, old.live
+		alloc, live = old.alloc.Load(), old.live
 		// Gone already: the poller's last snapshot is all there is.
 		if len(sym.Maps()) == 0 {
 			sym = old.sym
@@ -106,16 +116,14 @@ func (c *converter) watch(pid uint32) *procState {
 	p := &procState{
 		sym:        sym,
 		live:       live,
-		alloc:      alloc,
 		notInAlloc: map[uint64]bool{},
 		stacks:     map[uint64]uint32{},
 		byFrame:    map[string]uint32{},
 		locks:      map[uint64]bool{},
 		threads:    map[uint32]bool{},
 	}
-	c.mu.Lock()
+	p.alloc.Store(alloc)
 	c.procs[pid] = p
-	c.mu.Unlock()
 	return p
 }
 
@@ -133,16 +141,34 @@ func (c *converter) exiting(pid uint32) {
 
 // close stops the maps pollers.
 func (c *converter) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, p := range c.procs {
 		p.live.close()
 	}
 }
 
+// proc returns pid's state, watching it from now on if it is new.
 func (c *converter) proc(pid uint32) *procState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if p, ok := c.procs[pid]; ok {
 		return p
 	}
-	return c.watch(pid)
+	return c.watchLocked(pid)
+}
+
+// child starts watching a forked child with its parent's allocator,
+// unless the gate's placement got there first. It says whether the child
+// is new.
+func (c *converter) child(pid uint32, alloc *allocRange) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.procs[pid]; ok {
+		return false
+	}
+	c.watchLocked(pid).alloc.Store(alloc)
+	return true
 }
 
 var (
@@ -180,8 +206,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 	op := events.Op(r.Op)
 	if op == events.OpExec {
 		// A new image: forget the old one's stacks and names.
-		c.watch(r.Pid)
-		p = c.procs[r.Pid]
+		p = c.watch(r.Pid)
 	}
 	if !p.threads[r.Tid] && op != events.OpThreadExit {
 		p.threads[r.Tid] = true
@@ -203,8 +228,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 		}
 	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
-		if _, ok := c.procs[uint32(r.Addr)]; !ok {
-			c.watch(uint32(r.Addr)).alloc = p.alloc
+		if c.child(uint32(r.Addr), p.alloc.Load()) {
 			if c.onFork != nil {
 				c.onFork(uint32(r.Addr))
 			}
@@ -261,10 +285,10 @@ func (c *converter) sample(r *hooktraceSample) error {
 	n := min(int(r.Len), len(r.Data))
 	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
-	if p.alloc != nil {
+	if alloc := p.alloc.Load(); alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
-			if p.alloc.contains(maps, pc) {
+			if alloc.contains(maps, pc) {
 				inside = true
 				break
 			}

@@ -75,13 +75,24 @@ type Tracer struct {
 	conv      *converter
 	lostSeen  uint64
 	allocator string
-	attached  map[int]bool    // processes whose probes are placed
-	placed    map[string]bool // pid:object:offset:ret of every probe placed
+	// attached holds the processes whose probes are placed or being
+	// placed; each channel is closed once its placement is done.
+	attached map[int]chan struct{}
+	closed   bool // Close has begun: place no more probes
+	// placeMu serializes placements: the gate's goroutine places a held
+	// child's probes while the reader may place another's.
+	placeMu sync.Mutex
+	placed  map[string]bool // pid:object:offset:ret of every probe placed
+	follows sync.WaitGroup  // placements started by the reader
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
 // once Attach has found it.
-func (t *Tracer) Allocator() string { return t.allocator }
+func (t *Tracer) Allocator() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.allocator
+}
 
 // New loads the BPF objects and attaches the global tracepoints. Nothing is
 // traced until Attach names a process.
@@ -163,19 +174,25 @@ func b2u(b bool) uint32 {
 // Attach traces pid: it is added to the tracepoints' filter and the probe
 // sites are placed in the objects it maps, or, for a gated child that has
 // not exec'd yet, in the objects exe will load.
+//
+// It returns once pid's probes are in place, also when another goroutine
+// is placing them: run lets a held child go when Attach returns.
 func (t *Tracer) Attach(pid int, exe string) error {
 	t.mu.Lock()
-	if t.attached[pid] {
+	if done, ok := t.attached[pid]; ok {
 		// A followed child can be reported both by ptrace and by the
-		// fork event: place its probes once.
+		// fork event: place its probes once, and wait for them.
 		t.mu.Unlock()
+		<-done
 		return nil
 	}
 	if t.attached == nil {
-		t.attached = map[int]bool{}
+		t.attached = map[int]chan struct{}{}
 	}
-	t.attached[pid] = true
+	done := make(chan struct{})
+	t.attached[pid] = done
 	t.mu.Unlock()
+	defer close(done)
 	if err := checkProcess(pid); err != nil {
 		return err
 	}
@@ -199,7 +216,7 @@ func (t *Tracer) Attach(pid int, exe string) error {
 // already placed are kept.
 func (t *Tracer) Exec(pid int) {
 	t.mu.Lock()
-	known := t.attached[pid]
+	_, known := t.attached[pid]
 	t.mu.Unlock()
 	if !known {
 		return
@@ -211,6 +228,8 @@ func (t *Tracer) Exec(pid int) {
 
 // place plans and attaches pid's probe sites.
 func (t *Tracer) place(pid int, exe string) error {
+	t.placeMu.Lock()
+	defer t.placeMu.Unlock()
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
 	if t.opts.Floor {
 		prog, retProg = t.objs.UprobeFloor, nil
@@ -221,16 +240,24 @@ func (t *Tracer) place(pid int, exe string) error {
 	}
 	alloc := findAllocator(plan)
 	t.conv.setAllocator(uint32(pid), alloc)
+	t.mu.Lock()
 	if alloc != nil {
 		t.allocator = alloc.name
 	}
-	t.mu.Lock()
+	t.mu.Unlock()
 	if t.placed == nil {
 		t.placed = map[string]bool{}
 	}
-	t.mu.Unlock()
 	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.placed, t.opts.Warn)
 	t.mu.Lock()
+	if t.closed {
+		// Tracing ended while these were placed.
+		t.mu.Unlock()
+		for _, l := range links {
+			l.Close()
+		}
+		return nil
+	}
 	t.links = append(t.links, links...)
 	t.sites = append(t.sites, sites...)
 	t.mu.Unlock()
@@ -238,7 +265,11 @@ func (t *Tracer) place(pid int, exe string) error {
 }
 
 // Sites lists where the tracer attached.
-func (t *Tracer) Sites() []events.ProbeSite { return t.sites }
+func (t *Tracer) Sites() []events.ProbeSite {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sites
+}
 
 // checkProcess says why pid cannot be traced.
 func checkProcess(pid int) error {
@@ -272,10 +303,17 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 	if t.opts.FollowForks {
 		// The kernel already filters the child in; its uprobes are
 		// per-process and must be placed for it.
+		// Placing takes milliseconds: not on the reader, which would
+		// let the ring fill during a fork storm. Under run's ptrace gate
+		// the child is held until its probes are in place either way.
 		t.conv.onFork = func(pid uint32) {
-			if err := t.Attach(int(pid), ""); err != nil {
-				t.opts.Warn(fmt.Sprintf("following child %d: %v", pid, err))
-			}
+			t.follows.Add(1)
+			go func() {
+				defer t.follows.Done()
+				if err := t.Attach(int(pid), ""); err != nil {
+					t.opts.Warn(fmt.Sprintf("following child %d: %v", pid, err))
+				}
+			}()
 		}
 	}
 	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
@@ -405,6 +443,7 @@ func (t *Tracer) Events() uint64 { return t.conv.events }
 func (t *Tracer) closeLinks() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.closed = true
 	var wg sync.WaitGroup
 	for _, l := range t.links {
 		wg.Add(1)
@@ -419,6 +458,7 @@ func (t *Tracer) closeLinks() {
 
 // Close releases everything.
 func (t *Tracer) Close() error {
+	t.follows.Wait()
 	t.closeLinks()
 	if t.rd != nil {
 		t.rd.Close()
