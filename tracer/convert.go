@@ -39,8 +39,8 @@ type converter struct {
 // procState is what the converter knows of one address space. An exec
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
-	sym    *symbolize.Symbolizer
-	live   *liveMaps // keeps sym current while the process lives
+	sym  *symbolize.Symbolizer
+	live *liveMaps // keeps sym current while the process lives
 	// alloc is set by the goroutine placing probes, read by the reader.
 	alloc  atomic.Pointer[allocRange]
 	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
