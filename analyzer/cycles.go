@@ -52,7 +52,7 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		} else if sev.Rank() > g.sev.Rank() {
 			g.rep, g.sev = cyc, sev
 		}
-		g.count++
+		g.count += cycleWeight(cyc)
 		g.cycles = append(g.cycles, cyc)
 		if c := search.comp[ci]; !g.comps[c] {
 			g.comps[c] = true
@@ -80,6 +80,16 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		}
 	}
 	return res
+}
+
+// cycleWeight is how many instance cycles cyc stands for: as many as the
+// most folded of its dependencies (see fold.go).
+func cycleWeight(cyc []cycleStep) uint64 {
+	w := uint64(1)
+	for _, st := range cyc {
+		w = max(w, st.edge.weight)
+	}
+	return w
 }
 
 // canonicalRotation rotates a cycle of class keys to its least rotation,

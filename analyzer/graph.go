@@ -66,6 +66,8 @@ type sighting struct {
 type edge struct {
 	from, to *instance
 	seen     [depTypes]*sighting
+	weight   uint64 // instance dependencies it stands for (fold.go)
+	gone     bool   // its instance was folded into a twin
 	// Allocator → lock dependencies: how many sightings had each hold
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).
@@ -80,9 +82,11 @@ func (a *Analyzer) edgeFor(from, to *instance) *edge {
 	key := edgeKey(from, to)
 	ed := a.edges[key]
 	if ed == nil {
-		ed = &edge{from: from, to: to}
+		ed = &edge{from: from, to: to, weight: 1}
 		a.edges[key] = ed
 		a.edgeList = append(a.edgeList, ed)
+		from.out = append(from.out, ed)
+		to.in = append(to.in, ed)
 	}
 	return ed
 }
@@ -283,7 +287,7 @@ func omittedSteps(adj [][]stateEdge, comp []int32, cycles [][]cycleStep, found m
 func rotateCycle(steps []cycleStep) []cycleStep {
 	best := 0
 	for i, s := range steps {
-		if s.edge.from.id < steps[best].edge.from.id {
+		if s.edge.from.seq < steps[best].edge.from.seq {
 			best = i
 		}
 	}

@@ -93,9 +93,11 @@ func (a *Analyzer) stats(n *naming) Stats {
 			continue
 		}
 		st.LockClasses++
-		st.Locks += len(c.instances)
+		st.Locks += c.weight()
 	}
-	st.Dependencies = len(a.edgeList)
+	for _, ed := range a.edgeList {
+		st.Dependencies += int(ed.weight)
+	}
 	return st
 }
 

@@ -227,6 +227,11 @@ func (c *converter) event(r *hooktraceEvent) error {
 			}
 		}
 	}
+	if op == events.OpMutexDestroy {
+		// The lifetime is over: a program that creates and destroys
+		// mutexes in a loop must not grow this set without bound.
+		delete(p.locks, r.Addr)
+	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
 		if c.child(uint32(r.Addr), p.alloc.Load()) {
 			if c.onFork != nil {

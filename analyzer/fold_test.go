@@ -1,0 +1,119 @@
+package analyzer
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/hooktrace/hooktrace/events"
+)
+
+// churn feeds a the lock churn that made memory grow without bound: four
+// threads each create a heap mutex, take it under a table lock with a
+// malloc inside, destroy it and free it, iterations times; the chunk
+// addresses cycle through a few per thread, as malloc reuses them. Around
+// it: an inversion of two static locks and the Open MPI hook pattern, so
+// there are findings to keep.
+func churn(a *Analyzer, b *trace, from, iterations int) {
+	feed := func() {
+		for _, r := range b.recs {
+			a.Add(r)
+		}
+		b.recs = b.recs[:0]
+	}
+	const table = 0x601300
+	if from == 0 {
+		named(b).name(table, "table_lock (prog)")
+		lk(b, 1, lockA, "f")
+		lk(b, 1, lockB, "f")
+		b.unlock(1, lockB).unlock(1, lockA)
+		lk(b, 2, lockB, "g")
+		lk(b, 2, lockA, "g")
+		b.unlock(2, lockA).unlock(2, lockB)
+		openMPIThreadA(b, 3)
+		b.alloc(4, events.OpFree, 0x7e0000000000, 4096, "free"+libc, "release_buffers")
+		b.inAlloc(4, events.OpMadvise, 0x7e0000000000, events.OpFree, "madvise"+libc, "_int_free"+libc, "free"+libc)
+		b.inAlloc(4, events.OpMutexLock, vma, events.OpFree, "pthread_mutex_lock"+libc, "mca_rcache_base_vma_delete"+rcache, "intercept_madvise"+rcache)
+		b.unlock(4, vma)
+		feed()
+	}
+	for i := from; i < from+iterations; i++ {
+		for tid := uint32(1); tid <= 4; tid++ {
+			m := 0x7f5000000000 + uint64(tid)*0x10000 + uint64(i%8)*0x40
+			b.op(tid, events.OpMutexInit, m, 0, "pthread_mutex_init"+libc, "obj_new")
+			b.lock(tid, table, "pthread_mutex_lock"+libc, "table_insert")
+			b.lock(tid, m, "pthread_mutex_lock"+libc, "table_insert")
+			b.alloc(tid, events.OpMalloc, 0, 48, "malloc"+libc, "table_insert")
+			b.unlock(tid, m).unlock(tid, table)
+			b.op(tid, events.OpMutexDestroy, m, 0, "pthread_mutex_destroy"+libc, "obj_free")
+			b.alloc(tid, events.OpFree, m, 64, "free"+libc, "obj_free")
+		}
+		feed()
+	}
+}
+
+// retained is what the analyzer keeps per lock instance and dependency.
+type retained struct{ instances, edges, edgeList, twins, deferred int }
+
+func retainedBy(a *Analyzer) retained {
+	r := retained{edges: len(a.edges), edgeList: len(a.edgeList), twins: len(a.twins), deferred: len(a.deferred)}
+	for _, inst := range a.instances {
+		if inst != nil {
+			r.instances++
+		}
+	}
+	return r
+}
+
+// TestLockChurnBounded: under lock churn the analyzer's memory is bounded
+// by classes, dependencies and stacks, not by the instances that came and
+// went: what it retains after 20,000 rounds is no more than after 200, and
+// small. The findings and statistics are those of an analyzer that keeps
+// every instance.
+func TestLockChurnBounded(t *testing.T) {
+	a, b := New(Options{}), newTrace(1, &events.Header{Allocator: "glibc"})
+	churn(a, b, 0, 200)
+	early := retainedBy(a)
+	churn(a, b, 200, 19800)
+	late := retainedBy(a)
+	t.Logf("retained after 200 rounds %+v, after 20,000 %+v", early, late)
+	if late.instances > early.instances || late.edges > early.edges || late.twins > early.twins {
+		t.Errorf("retained state grew with the churn: %+v, then %+v", early, late)
+	}
+	// The static locks, the arena, the live heap mutexes and one folded
+	// representative per way a dead one was used; their dependencies.
+	if late.instances > 32 || late.edges > 64 || late.edgeList > 2*64+1024 || late.deferred > 128 {
+		t.Errorf("retained %+v: want a few dozen at most", late)
+	}
+
+	whole, wb := New(Options{}), newTrace(1, &events.Header{Allocator: "glibc"})
+	whole.noFold = true
+	churn(whole, wb, 0, 20000)
+	if n := retainedBy(whole).instances; n < 80000 {
+		t.Fatalf("without folding %d instances are kept, want every one of the 80,000", n)
+	}
+	got, want := a.Result(), whole.Result()
+	if len(want.Findings) < 2 {
+		t.Fatalf("want the inversion and the hook findings, got %+v", want.Findings)
+	}
+	if !reflect.DeepEqual(got.Findings, want.Findings) {
+		t.Errorf("findings changed by folding:\n got %+v\nwant %+v", got.Findings, want.Findings)
+	}
+	if !reflect.DeepEqual(got.Stats, want.Stats) {
+		t.Errorf("stats changed by folding:\n got %+v\nwant %+v", got.Stats, want.Stats)
+	}
+	if !reflect.DeepEqual(got.Graph, want.Graph) {
+		t.Errorf("lock graph changed by folding:\n got %+v\nwant %+v", got.Graph, want.Graph)
+	}
+	if want.Stats.Locks < 80000 {
+		t.Errorf("stats count %d locks, want the 80,000 churned ones too", want.Stats.Locks)
+	}
+}
+
+// BenchmarkLockChurn is the cost of the churn per round (four lock
+// lifetimes, 28 events), folding included.
+func BenchmarkLockChurn(b *testing.B) {
+	a, tb := New(Options{}), newTrace(1, &events.Header{Allocator: "glibc"})
+	churn(a, tb, 0, 100)
+	b.ResetTimer()
+	churn(a, tb, 100, b.N)
+}
