@@ -43,10 +43,11 @@ type procState struct {
 	live *liveMaps // keeps sym current while the process lives
 	// alloc is set by the goroutine placing probes, read by the reader.
 	alloc  atomic.Pointer[allocRange]
-	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
-	// notInAlloc holds the samples whose unwound stack has no allocator
-	// frame: the kernel's quick test was fooled (a stale return slot).
-	notInAlloc map[uint64]bool
+	stacks map[uint64]uint32 // kernel stack hash -> Stack.ID
+	// samples: raw stack samples by id. The kernel names a sample again
+	// for every event on the same path (its seen_samples cache), for as
+	// long as it remembers the path.
+	samples sampleCache
 	byFrame    map[string]uint32 // unwound frames -> Stack.ID
 	locks      map[uint64]bool
 	threads    map[uint32]bool
@@ -116,7 +117,6 @@ func (c *converter) watchLocked(pid uint32) *procState {
 	p := &procState{
 		sym:        sym,
 		live:       live,
-		notInAlloc: map[uint64]bool{},
 		stacks:     map[uint64]uint32{},
 		byFrame:    map[string]uint32{},
 		locks:      map[uint64]bool{},
@@ -175,6 +175,9 @@ var (
 	sizeEvent  = int(unsafe.Sizeof(hooktraceEvent{}))
 	sizeStack  = int(unsafe.Sizeof(hooktraceStack{}))
 	sizeSample = int(unsafe.Sizeof(hooktraceSample{}))
+	// A sample record is sent at its used length: the header and Len
+	// bytes of Data.
+	sampleHeader = int(unsafe.Offsetof(hooktraceSample{}.Data))
 )
 
 func (c *converter) raw(b []byte) error {
@@ -193,10 +196,13 @@ func (c *converter) raw(b []byte) error {
 		}
 		return c.stack((*hooktraceStack)(unsafe.Pointer(&b[0])))
 	case 3:
-		if len(b) < sizeSample {
+		if len(b) < sampleHeader {
 			return fmt.Errorf("short sample record: %d bytes", len(b))
 		}
-		return c.sample((*hooktraceSample)(unsafe.Pointer(&b[0])))
+		var r hooktraceSample
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), sampleHeader), b)
+		n := min(int(r.Len), len(b)-sampleHeader, len(r.Data))
+		return c.sample(&r, b[sampleHeader:sampleHeader+n])
 	}
 	return fmt.Errorf("unknown ring buffer record type %d", binary.LittleEndian.Uint32(b))
 }
@@ -245,15 +251,16 @@ func (c *converter) event(r *hooktraceEvent) error {
 		p.mapsDirty = true
 	}
 	flags, addr2 := events.Flags(r.Flags), r.Addr2
-	stack := p.stacks[r.Stack]
+	var stack uint32
 	if r.Stack>>63 != 0 {
-		// A sample is used by one event only.
-		delete(p.stacks, r.Stack)
-		if p.notInAlloc[r.Stack] {
-			delete(p.notInAlloc, r.Stack)
+		s, ok := p.samples.get(r.Stack)
+		stack = s.stack
+		if ok && s.notInAlloc {
 			flags &^= events.FlagInAlloc
 			addr2 = 0
 		}
+	} else {
+		stack = p.stacks[r.Stack]
 	}
 	c.events++
 	c.rec = events.Record{Kind: events.RecEvent, Event: events.Event{
@@ -285,11 +292,11 @@ func (c *converter) stack(r *hooktraceStack) error {
 	return err
 }
 
-func (c *converter) sample(r *hooktraceSample) error {
+func (c *converter) sample(r *hooktraceSample, data []byte) error {
 	p := c.proc(r.Pid)
-	n := min(int(r.Len), len(r.Data))
 	maps := p.mapsFor(r.Ip)
-	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
+	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, data)
+	var s sampleInfo
 	if alloc := p.alloc.Load(); alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
@@ -298,14 +305,49 @@ func (c *converter) sample(r *hooktraceSample) error {
 				break
 			}
 		}
-		if !inside {
-			p.notInAlloc[r.Hash] = true
-		}
+		s.notInAlloc = !inside
 	}
 	frames := p.sym.FramesInlined(pcs)
 	id, err := c.sendStack(p, frames, !complete)
-	p.stacks[r.Hash] = id
+	s.stack = id
+	p.samples.put(r.Hash, s)
 	return err
+}
+
+// sampleInfo is what an event naming a sample gets from it.
+type sampleInfo struct {
+	stack uint32
+	// notInAlloc: the unwound stack has no allocator frame; the kernel's
+	// quick test was fooled (a stale return slot).
+	notInAlloc bool
+}
+
+// sampleCache keeps the samples the kernel may still name: at least the
+// sampleKeep most recently used. The kernel's seen_samples is an LRU of
+// fewer entries, so a sample it still names is here; memory stays bounded
+// when every event brings its own sample (an unknown allocator range).
+type sampleCache struct {
+	cur, old map[uint64]sampleInfo
+}
+
+const sampleKeep = 4 * 16384
+
+func (c *sampleCache) get(id uint64) (sampleInfo, bool) {
+	if s, ok := c.cur[id]; ok {
+		return s, true
+	}
+	s, ok := c.old[id]
+	if ok {
+		c.put(id, s)
+	}
+	return s, ok
+}
+
+func (c *sampleCache) put(id uint64, s sampleInfo) {
+	if c.cur == nil || len(c.cur) >= sampleKeep {
+		c.old, c.cur = c.cur, make(map[uint64]sampleInfo)
+	}
+	c.cur[id] = s
 }
 
 // sendStack emits frames as a new stack unless the same frames were sent.

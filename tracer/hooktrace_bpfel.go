@@ -149,8 +149,10 @@ type hooktraceMapSpecs struct {
 	FloorHits   *ebpf.MapSpec `ebpf:"floor_hits"`
 	Lost        *ebpf.MapSpec `ebpf:"lost"`
 	Ring        *ebpf.MapSpec `ebpf:"ring"`
+	SampleBuf   *ebpf.MapSpec `ebpf:"sample_buf"`
 	ScratchMap  *ebpf.MapSpec `ebpf:"scratch_map"`
 	SeenAcq     *ebpf.MapSpec `ebpf:"seen_acq"`
+	SeenSamples *ebpf.MapSpec `ebpf:"seen_samples"`
 	SeenStacks  *ebpf.MapSpec `ebpf:"seen_stacks"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	Traced      *ebpf.MapSpec `ebpf:"traced"`
@@ -194,8 +196,10 @@ type hooktraceMaps struct {
 	FloorHits   *ebpf.Map `ebpf:"floor_hits"`
 	Lost        *ebpf.Map `ebpf:"lost"`
 	Ring        *ebpf.Map `ebpf:"ring"`
+	SampleBuf   *ebpf.Map `ebpf:"sample_buf"`
 	ScratchMap  *ebpf.Map `ebpf:"scratch_map"`
 	SeenAcq     *ebpf.Map `ebpf:"seen_acq"`
+	SeenSamples *ebpf.Map `ebpf:"seen_samples"`
 	SeenStacks  *ebpf.Map `ebpf:"seen_stacks"`
 	Threads     *ebpf.Map `ebpf:"threads"`
 	Traced      *ebpf.Map `ebpf:"traced"`
@@ -208,8 +212,10 @@ func (m *hooktraceMaps) Close() error {
 		m.FloorHits,
 		m.Lost,
 		m.Ring,
+		m.SampleBuf,
 		m.ScratchMap,
 		m.SeenAcq,
+		m.SeenSamples,
 		m.SeenStacks,
 		m.Threads,
 		m.Traced,
