@@ -48,9 +48,9 @@ type procState struct {
 	// for every event on the same path (its seen_samples cache), for as
 	// long as it remembers the path.
 	samples sampleCache
-	byFrame    map[string]uint32 // unwound frames -> Stack.ID
-	locks      map[uint64]bool
-	threads    map[uint32]bool
+	byFrame map[string]uint32 // unwound frames -> Stack.ID
+	locks   map[uint64]bool
+	threads map[uint32]bool
 	// mapsDirty: an executable mapping was made since the maps were read.
 	mapsDirty bool
 }
@@ -115,12 +115,12 @@ func (c *converter) watchLocked(pid uint32) *procState {
 		live = startLiveMaps(pid, sym)
 	}
 	p := &procState{
-		sym:        sym,
-		live:       live,
-		stacks:     map[uint64]uint32{},
-		byFrame:    map[string]uint32{},
-		locks:      map[uint64]bool{},
-		threads:    map[uint32]bool{},
+		sym:     sym,
+		live:    live,
+		stacks:  map[uint64]uint32{},
+		byFrame: map[string]uint32{},
+		locks:   map[uint64]bool{},
+		threads: map[uint32]bool{},
 	}
 	p.alloc.Store(alloc)
 	c.procs[pid] = p
