@@ -57,13 +57,14 @@ func (a *Analyzer) retryFolds() {
 // tryFold folds a dead instance into its twin, or makes it the
 // representative of its kind. It reports false when inst must wait.
 func (a *Analyzer) tryFold(inst *instance) bool {
-	if inst.pinned || a.busy(inst) {
-		return false
-	}
 	if !inst.used {
-		// Never taken: no dependency, no name, nothing to keep.
+		// Never taken: no dependency, no name, nothing to keep (and no
+		// thread holds it).
 		a.freeInstance(inst)
 		return true
+	}
+	if inst.pinned || a.busy(inst) {
+		return false
 	}
 	sig := a.signature(inst)
 	if rep := a.twins[sig]; rep != nil && rep != inst && a.instances[rep.id] == rep {
