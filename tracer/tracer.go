@@ -82,7 +82,7 @@ type Tracer struct {
 	// attached holds the processes whose probes are placed or being
 	// placed; each channel is closed once its placement is done.
 	attached map[int]chan struct{}
-	closed   bool // Close has begun: place no more probes
+	closed   bool // the probes were detached: place no more
 	// placeMu serializes placements: the gate's goroutine places a held
 	// child's probes while the reader may place another's.
 	placeMu sync.Mutex
