@@ -29,7 +29,7 @@ type Analyzer struct {
 	freeIDs   []int32
 	// Dead instances by signature, each standing for its folded twins,
 	// and the dead ones to fold once no thread holds them (fold.go).
-	twins        map[string]*instance
+	twins        map[string][]*instance
 	deferred     []*instance
 	deferredKept int
 	goneEdges    int  // folded dependencies still in edgeList
@@ -56,7 +56,7 @@ func New(opts Options) *Analyzer {
 		opts:      opts,
 		ruleIndex: map[Rule]int{},
 		edges:     map[uint64]*edge{},
-		twins:     map[string]*instance{},
+		twins:     map[string][]*instance{},
 		selfLocks: map[selfKey]*selfSighting{},
 		reentries: map[reentryKey]*reentrySighting{},
 		nestings:  map[int]*nestSighting{},

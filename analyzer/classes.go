@@ -31,7 +31,7 @@ type instance struct {
 	dead    bool    // its lifetime ended
 	folded  bool    // merged into a twin, or dropped
 	pinned  bool    // a finding refers to it by id: never folded
-	sig     string  // its signature, while it represents its twins
+	sig     string  // its cluster's signature, while it represents its twins
 }
 
 // class groups instances for naming and deduplication: a static lock's

@@ -13,15 +13,20 @@ import (
 // instance per lifetime, each with its dependencies: memory would grow
 // with the lock churn, not with the program's classes, edges and stacks.
 // Once an instance's lifetime is over nothing can add to its dependencies
-// (no thread can take it again), so it is folded into an earlier dead
-// instance of the same class whose dependencies are the same: the same
-// neighbours, each dependency sighted the same way (same calls, stacks,
-// thread and verdicts). Such twins are interchangeable in every cycle and
-// finding; the survivor counts how many instances (weight) and instance
-// dependencies (edge.weight) it stands for, so occurrences, statistics
-// and instance numbering stay what they were. An instance still held by a
-// thread, or whose allocator verdict may still be revised, is retried
-// later.
+// (no thread can take it again). So the dead instances connected by
+// dependencies (a cluster: an object's two locks, or one heap mutex taken
+// under a table lock) are folded into an earlier dead cluster of the same
+// shape: the same classes, the same dependencies among them and to the
+// same live or remaining locks, each sighted the same way (same calls,
+// stacks, thread and verdicts). Such twins are interchangeable in every
+// cycle and finding; the survivors count how many instances (weight) and
+// instance dependencies (edge.weight) they stand for, so occurrences,
+// statistics and instance numbering stay what they were. A cluster with an
+// instance still held by a thread, or whose allocator verdict may still be
+// revised, is retried later.
+
+// maxCluster bounds the dead clusters folded: finding one costs its size.
+const maxCluster = 16
 
 // lifetimeEnded is called when inst's lifetime ends (destroy, free,
 // munmap, exec).
@@ -54,25 +59,90 @@ func (a *Analyzer) retryFolds() {
 	a.deferredKept = len(kept)
 }
 
-// tryFold folds a dead instance into its twin, or makes it the
-// representative of its kind. It reports false when inst must wait.
+// tryFold folds the dead cluster of inst into its twin, or makes it the
+// representative of its shape. It reports false when it must wait.
 func (a *Analyzer) tryFold(inst *instance) bool {
+	if inst.folded {
+		return true
+	}
 	if !inst.used {
 		// Never taken: no dependency, no name, nothing to keep (and no
 		// thread holds it).
 		a.freeInstance(inst)
 		return true
 	}
-	if inst.pinned || a.busy(inst) {
-		return false
+	cluster, ok := a.deadCluster(inst)
+	if !ok {
+		return true // too large, or a finding refers to a member: kept as is
 	}
-	sig := a.signature(inst)
-	if rep := a.twins[sig]; rep != nil && rep != inst && a.instances[rep.id] == rep {
-		a.fold(inst, rep)
+	for _, m := range cluster {
+		if a.busy(m) {
+			return false
+		}
+	}
+	// The members may have stood for a smaller cluster before.
+	for _, m := range cluster {
+		if m.sig != "" {
+			delete(a.twins, m.sig)
+			m.sig = ""
+		}
+	}
+	sig := a.signature(cluster)
+	if rep := a.twins[sig]; rep != nil && a.intact(rep, sig) {
+		a.fold(cluster, rep)
 		return true
 	}
-	inst.sig = sig
-	a.twins[sig] = inst
+	for _, m := range cluster {
+		m.sig = sig
+	}
+	a.twins[sig] = cluster
+	return true
+}
+
+// deadCluster is inst and the dead instances it is connected to by
+// dependencies, in order of creation; false when there are more than
+// maxCluster or one is pinned.
+func (a *Analyzer) deadCluster(inst *instance) ([]*instance, bool) {
+	cluster := []*instance{inst}
+	in := map[*instance]bool{inst: true}
+	for i := 0; i < len(cluster); i++ {
+		m := cluster[i]
+		if m.pinned {
+			return nil, false
+		}
+		visit := func(n *instance) bool {
+			if !n.dead || in[n] {
+				return true
+			}
+			if len(cluster) == maxCluster {
+				return false
+			}
+			in[n] = true
+			cluster = append(cluster, n)
+			return true
+		}
+		for _, ed := range m.out {
+			if !visit(ed.to) {
+				return nil, false
+			}
+		}
+		for _, ed := range m.in {
+			if !visit(ed.from) {
+				return nil, false
+			}
+		}
+	}
+	sort.Slice(cluster, func(i, j int) bool { return cluster[i].seq < cluster[j].seq })
+	return cluster, true
+}
+
+// intact: the representative cluster rep is still what sig describes.
+func (a *Analyzer) intact(rep []*instance, sig string) bool {
+	for _, m := range rep {
+		if m.folded || a.instances[m.id] != m || m.sig != sig {
+			return false
+		}
+	}
 	return true
 }
 
@@ -94,35 +164,49 @@ func (a *Analyzer) busy(inst *instance) bool {
 	return false
 }
 
-// signature describes what findings can see of a dead instance: its class
-// and its dependencies, sighting by sighting. Stacks are compared by
-// identity: a stream sends each distinct stack once.
-func (a *Analyzer) signature(inst *instance) string {
-	b := a.sigBuf[:0]
-	b = binary.AppendUvarint(b, uint64(inst.stream.index))
-	b = binary.AppendUvarint(b, uint64(inst.pid))
-	b = append(b, byte(inst.typ), flagByte(inst.recursive, inst.errorCheck, inst.nonRecursiveReads))
-	b = appendString(b, inst.name)
-	b = binary.AppendUvarint(b, stackID(inst.initStack))
-	b = binary.AppendUvarint(b, stackID(inst.firstStack))
-	deps := a.sigDeps[:0]
-	for _, ed := range inst.out {
-		deps = append(deps, sigDep{ed.to.seq, ed})
+// signature describes what findings can see of a dead cluster: each
+// member's class and its dependencies, sighting by sighting, the other end
+// named by its place in the cluster or, outside it, by its creation
+// number. Stacks are compared by identity: a stream sends each distinct
+// stack once.
+func (a *Analyzer) signature(cluster []*instance) string {
+	index := map[*instance]int64{}
+	for i, m := range cluster {
+		index[m] = int64(i)
 	}
-	n := len(deps)
-	for _, ed := range inst.in {
-		deps = append(deps, sigDep{ed.from.seq, ed})
-	}
-	out, in := deps[:n], deps[n:]
-	for _, list := range [][]sigDep{out, in} {
-		sort.Slice(list, func(i, j int) bool { return list[i].other < list[j].other })
-		b = binary.AppendUvarint(b, uint64(len(list)))
-		for _, d := range list {
-			b = appendEdgeSignature(b, d.other, d.ed)
+	other := func(n *instance) int64 {
+		if i, ok := index[n]; ok {
+			return -1 - i
 		}
+		return n.seq
 	}
-	clear(deps)
-	a.sigDeps = deps[:0]
+	b := a.sigBuf[:0]
+	for _, inst := range cluster {
+		b = binary.AppendUvarint(b, uint64(inst.stream.index))
+		b = binary.AppendUvarint(b, uint64(inst.pid))
+		b = append(b, byte(inst.typ), flagByte(inst.recursive, inst.errorCheck, inst.nonRecursiveReads))
+		b = appendString(b, inst.name)
+		b = binary.AppendUvarint(b, stackID(inst.initStack))
+		b = binary.AppendUvarint(b, stackID(inst.firstStack))
+		deps := a.sigDeps[:0]
+		for _, ed := range inst.out {
+			deps = append(deps, sigDep{other(ed.to), ed})
+		}
+		n := len(deps)
+		for _, ed := range inst.in {
+			deps = append(deps, sigDep{other(ed.from), ed})
+		}
+		out, in := deps[:n], deps[n:]
+		for _, list := range [][]sigDep{out, in} {
+			sort.Slice(list, func(i, j int) bool { return list[i].other < list[j].other })
+			b = binary.AppendUvarint(b, uint64(len(list)))
+			for _, d := range list {
+				b = appendEdgeSignature(b, d.other, d.ed)
+			}
+		}
+		clear(deps)
+		a.sigDeps = deps[:0]
+	}
 	a.sigBuf = b
 	return string(b)
 }
@@ -133,7 +217,7 @@ type sigDep struct {
 }
 
 func appendEdgeSignature(b []byte, other int64, ed *edge) []byte {
-	b = binary.AppendUvarint(b, uint64(other))
+	b = binary.AppendVarint(b, other)
 	for dt, s := range ed.seen {
 		if s == nil {
 			continue
@@ -173,45 +257,42 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// fold merges dead inst into its twin rep and forgets inst.
-func (a *Analyzer) fold(inst, rep *instance) {
-	rep.weight += inst.weight
-	// Each dependency of inst has its twin at rep: add to its weight.
-	twinOut := map[*instance]*edge{}
-	for _, ed := range rep.out {
-		twinOut[ed.to] = ed
+// fold merges the dead cluster into its twin rep, member by member, and
+// forgets it.
+func (a *Analyzer) fold(cluster, rep []*instance) {
+	twin := map[*instance]*instance{}
+	for i, m := range cluster {
+		twin[m] = rep[i]
+		rep[i].weight += m.weight
 	}
-	twinIn := map[*instance]*edge{}
-	for _, ed := range rep.in {
-		twinIn[ed.from] = ed
+	image := func(n *instance) *instance {
+		if t := twin[n]; t != nil {
+			return t
+		}
+		return n
 	}
-	var touched []*instance
-	for _, ed := range inst.out {
-		if tw := twinOut[ed.to]; tw != nil {
+	var dead []*edge
+	for _, m := range cluster {
+		for _, ed := range m.out {
+			dead = append(dead, ed)
+		}
+		for _, ed := range m.in {
+			if twin[ed.from] == nil { // inner ones are in an out list
+				dead = append(dead, ed)
+			}
+		}
+	}
+	for _, ed := range dead {
+		// Equal signatures: each dependency has its twin at rep.
+		if tw := a.edges[edgeKey(image(ed.from), image(ed.to))]; tw != nil {
 			tw.weight += ed.weight
 		}
-		a.dropEdge(ed)
-		touched = append(touched, ed.to)
 	}
-	for _, ed := range inst.in {
-		if tw := twinIn[ed.from]; tw != nil {
-			tw.weight += ed.weight
-		}
+	for _, ed := range dead {
 		a.dropEdge(ed)
-		touched = append(touched, ed.from)
 	}
-	a.freeInstance(inst)
-	// Dead representatives that had inst as a neighbour lost a
-	// dependency: their signatures changed.
-	for _, n := range touched {
-		if n.sig == "" || a.instances[n.id] != n {
-			continue
-		}
-		if a.twins[n.sig] == n {
-			delete(a.twins, n.sig)
-		}
-		n.sig = ""
-		a.tryFold(n)
+	for _, m := range cluster {
+		a.freeInstance(m)
 	}
 }
 
@@ -264,9 +345,7 @@ func (a *Analyzer) compactEdges() {
 // freeInstance gives inst's slot to the next new instance.
 func (a *Analyzer) freeInstance(inst *instance) {
 	inst.folded = true
-	if inst.sig != "" && a.twins[inst.sig] == inst {
-		delete(a.twins, inst.sig)
-	}
+	inst.sig = ""
 	a.instances[inst.id] = nil
 	a.freeIDs = append(a.freeIDs, inst.id)
 }

@@ -117,3 +117,54 @@ func BenchmarkLockChurn(b *testing.B) {
 	b.ResetTimer()
 	churn(a, tb, 100, b.N)
 }
+
+// TestFoldedCycles: a thousand short-lived objects, each with a pair of
+// locks taken in both orders and then destroyed, at reused addresses. The
+// dead pairs fold into one, yet the finding is the one an analyzer that
+// keeps every instance gives: the same cycle, edges and stacks, seen 1000
+// times. Only its instance list, capped anyway, names fewer sets.
+func TestFoldedCycles(t *testing.T) {
+	build := func() *trace {
+		b := newTrace(1, nil)
+		for i := uint64(0); i < 1000; i++ {
+			p, q := 0x7f0000000000+(i%4)*0x100, 0x7f0000000040+(i%4)*0x100
+			b.op(1, events.OpMutexInit, p, 0, "pthread_mutex_init"+libc, "conn_new")
+			b.op(1, events.OpMutexInit, q, 0, "pthread_mutex_init"+libc, "conn_new_queue")
+			b.lock(1, p, "pthread_mutex_lock"+libc, "conn_send")
+			b.lock(1, q, "pthread_mutex_lock"+libc, "conn_send")
+			b.unlock(1, q).unlock(1, p)
+			b.lock(2, q, "pthread_mutex_lock"+libc, "conn_recv")
+			b.lock(2, p, "pthread_mutex_lock"+libc, "conn_recv")
+			b.unlock(2, p).unlock(2, q)
+			b.op(1, events.OpMutexDestroy, p, 0, "pthread_mutex_destroy"+libc, "conn_free")
+			b.op(1, events.OpMutexDestroy, q, 0, "pthread_mutex_destroy"+libc, "conn_free")
+		}
+		return b.footer(nil)
+	}
+	folded, whole := New(Options{}), New(Options{})
+	whole.noFold = true
+	for _, r := range build().records() {
+		folded.Add(r)
+	}
+	for _, r := range build().records() {
+		whole.Add(r)
+	}
+	if n := retainedBy(folded).instances; n > 8 {
+		t.Errorf("%d instances kept for 2,000 dead ones folding into a pair", n)
+	}
+	got, want := folded.Result(), whole.Result()
+	if len(got.Findings) != 1 || len(want.Findings) != 1 {
+		t.Fatalf("want one finding each, got %d and %d", len(got.Findings), len(want.Findings))
+	}
+	g, w := got.Findings[0], want.Findings[0]
+	if w.Occurrences != 1000 || g.Occurrences != w.Occurrences {
+		t.Errorf("occurrences: folded %d, whole %d, want 1000", g.Occurrences, w.Occurrences)
+	}
+	g.Instances, w.Instances = nil, nil
+	if !reflect.DeepEqual(g, w) {
+		t.Errorf("finding changed by folding:\n got %+v\nwant %+v", g, w)
+	}
+	if !reflect.DeepEqual(got.Stats, want.Stats) {
+		t.Errorf("stats changed by folding:\n got %+v\nwant %+v", got.Stats, want.Stats)
+	}
+}
