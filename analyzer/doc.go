@@ -5,10 +5,11 @@
 // It is pure and deterministic: the same records in the same order give the
 // same Result, byte for byte once rendered. It never stores events; memory
 // grows with live lock instances, lock classes, lock-order edges, stacks
-// and threads only: a dead instance (its lifetime over) whose class and
-// dependencies match an earlier dead one's is folded into it, so a
-// program that creates and destroys locks in a loop costs memory per way
-// its locks are used, not per lock it ever made.
+// and threads only: dead instances (their lifetimes over), with the dead
+// ones they depend on, are folded into earlier dead ones of the same
+// classes and dependencies (fold.go), so a program that creates and
+// destroys locks in a loop costs memory per way its locks are used, not
+// per lock it ever made.
 //
 // # Model
 //
