@@ -24,7 +24,18 @@ type Analyzer struct {
 	streams []*stream
 	cur     *stream
 
-	instances []*instance
+	instances []*instance // by id; nil where an instance was folded
+	nextSeq   int64
+	freeIDs   []int32
+	// Dead instances by signature, each standing for its folded twins,
+	// and the dead ones to fold once no thread holds them (fold.go).
+	twins        map[string][]*instance
+	deferred     []*instance
+	deferredKept int
+	goneEdges    int  // folded dependencies still in edgeList
+	noFold       bool // keep every instance (tests compare with folding)
+	sigBuf       []byte
+	sigDeps      []sigDep
 
 	// Dependencies between lock instances, keyed by edgeKey(from, to).
 	edges    map[uint64]*edge
@@ -54,6 +65,7 @@ func New(opts Options) *Analyzer {
 		opts:      opts,
 		ruleIndex: map[Rule]int{},
 		edges:     map[uint64]*edge{},
+		twins:     map[string][]*instance{},
 		selfLocks: map[selfKey]*selfSighting{},
 		reentries: map[reentryKey]*reentrySighting{},
 		nestings:  map[int]*nestSighting{},
@@ -82,6 +94,7 @@ func (a *Analyzer) newStream(source string) {
 		a.cur.finish()
 	}
 	a.cur = newStream(len(a.streams), source)
+	a.cur.an = a
 	a.streams = append(a.streams, a.cur)
 }
 
@@ -253,6 +266,7 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 // more records may be added and Result called again.
 func (a *Analyzer) Result() *Result {
 	res := &Result{Version: events.Version, Findings: []Finding{}}
+	a.compactEdges()
 	names := a.nameInstances()
 	cycles := a.cycleFindings(names)
 	res.Findings = append(res.Findings, cycles.findings...)

@@ -272,13 +272,14 @@ func TestLockNaming(t *testing.T) {
 }
 
 func TestReusedAddressLabels(t *testing.T) {
-	// Two lifetimes of one address in one process, both on cycles: the
-	// labels tell them apart.
+	// Two lifetimes of one address in one process, both on cycles (taken
+	// on different paths, so they are not folded twins): the labels tell
+	// them apart.
 	b := tracebuild.New(1, nil)
 	for gen := 0; gen < 2; gen++ {
 		b.Op(1, events.OpMutexInit, heapP, 0, "pthread_mutex_init"+libc, "obj_new")
 		b.Lock(1, heapP, "pthread_mutex_lock"+libc, "obj_update")
-		b.Lock(1, heapQ, "pthread_mutex_lock"+libc, "obj_update")
+		b.Lock(1, heapQ, "pthread_mutex_lock"+libc, []string{"obj_update", "obj_update_again"}[gen])
 		b.Unlock(1, heapQ).Unlock(1, heapP)
 		b.Lock(2, heapQ, "pthread_mutex_lock"+libc, "list_walk")
 		b.Lock(2, heapP, "pthread_mutex_lock"+libc, "list_walk")

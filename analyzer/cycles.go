@@ -23,6 +23,8 @@ type cycleGroup struct {
 	count     uint64
 	sets      [][]string
 	cycles    [][]cycleStep
+	comps     map[int32]bool // the strongly connected components of the cycles
+	omitted   uint64         // dependencies of those components on no reported cycle
 }
 
 // cycleFindings turns instance cycles into findings, one per class cycle.
@@ -30,7 +32,8 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 	res := cycleResult{arenaEdges: map[*edge]bool{}}
 	groups := map[string]*cycleGroup{}
 	var order []*cycleGroup
-	for _, cyc := range a.findCycles() {
+	search := a.findCycles()
+	for ci, cyc := range search.cycles {
 		keys := make([]string, len(cyc))
 		for i, st := range cyc {
 			keys[i] = n.key(st.edge.from)
@@ -43,14 +46,18 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		sev := guardedSeverity(cyc)
 		g := groups[gk]
 		if g == nil {
-			g = &cycleGroup{classKeys: canon, rep: cyc, sev: sev}
+			g = &cycleGroup{classKeys: canon, rep: cyc, sev: sev, comps: map[int32]bool{}}
 			groups[gk] = g
 			order = append(order, g)
 		} else if sev.Rank() > g.sev.Rank() {
 			g.rep, g.sev = cyc, sev
 		}
-		g.count++
+		g.count += cycleWeight(cyc)
 		g.cycles = append(g.cycles, cyc)
+		if c := search.comp[ci]; !g.comps[c] {
+			g.comps[c] = true
+			g.omitted += search.omitted[c]
+		}
 		if len(g.sets) < maxInstanceSets {
 			set := make([]string, len(cyc))
 			for i, st := range cyc {
@@ -73,6 +80,16 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		}
 	}
 	return res
+}
+
+// cycleWeight is how many instance cycles cyc stands for: as many as the
+// most folded of its dependencies (see fold.go).
+func cycleWeight(cyc []cycleStep) uint64 {
+	w := uint64(1)
+	for _, st := range cyc {
+		w = max(w, st.edge.weight)
+	}
+	return w
 }
 
 // canonicalRotation rotates a cycle of class keys to its least rotation,
@@ -171,6 +188,12 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	}
 	if g.count > 1 {
 		d = append(d, "Seen on "+itoa(g.count)+" sets of lock instances of the same classes.")
+	}
+	if g.omitted > 0 {
+		f.Unreported = g.omitted
+		d = append(d, "These locks are part of a strongly connected group of dependencies too large to search whole: "+
+			itoa(g.omitted)+" more dependencies in it lie on cycles not reported (the search stops after "+
+			itoa(maxComponentCycles)+" cycles per group). Fixing the reported cycles splits the group; analyze again to see the rest.")
 	}
 	f.Detail = strings.Join(d, " ")
 	describeGate(n, &f, cyc)

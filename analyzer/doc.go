@@ -4,7 +4,12 @@
 //
 // It is pure and deterministic: the same records in the same order give the
 // same Result, byte for byte once rendered. It never stores events; memory
-// grows with lock instances, lock-order edges, stacks and threads only.
+// grows with live lock instances, lock classes, lock-order edges, stacks
+// and threads only: dead instances (their lifetimes over), with the dead
+// ones they depend on, are folded into earlier dead ones of the same
+// classes and dependencies (fold.go), so a program that creates and
+// destroys locks in a loop costs memory per way its locks are used, not
+// per lock it ever made.
 //
 // # Model
 //
@@ -204,5 +209,9 @@
 // components over the dependency graph (with the read/write rule folded
 // into the node state), then the shortest cycle through each not yet
 // covered edge of a component, by breadth-first search. Each class-level
-// cycle is reported once, listing the instances seen.
+// cycle is reported once, listing the instances seen. A component gets at
+// most 1000 such searches (each costs up to the component's size): past
+// that, its findings count the dependencies on cycles not reported
+// (Finding.Unreported) instead of searching on, so a graph of 100,000
+// locks taken in random pairs is analyzed in seconds, not hours.
 package analyzer

@@ -19,7 +19,7 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed ma
 			id := findingID(KindHookLock, n.key(ed.to), s.hold.String(), s.allocOp.String(), s.via,
 				stableSite(callerFrame(s.stack)))
 			if i, ok := index[id]; ok {
-				out[i].Occurrences++
+				out[i].Occurrences += ed.weight
 				out[i].Instances = appendSet(out[i].Instances, lock)
 				continue
 			}
@@ -32,7 +32,7 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed ma
 				Locks:       []string{lock},
 				Edges:       []Edge{edgeOut(n, ed, s)},
 				Threads:     []uint32{s.tid},
-				Occurrences: 1,
+				Occurrences: ed.weight,
 				Instances:   [][]string{{lock}},
 			}
 			hook := "A hook"

@@ -74,6 +74,8 @@ type edge struct {
 	// sighting, besides from and to (guardSeen once there was one).
 	guards    []*instance
 	guardSeen bool
+	weight   uint64 // instance dependencies it stands for (fold.go)
+	gone     bool   // its instance was folded into a twin
 	// Allocator → lock dependencies: how many sightings had each hold
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).
@@ -88,9 +90,11 @@ func (a *Analyzer) edgeFor(from, to *instance) *edge {
 	key := edgeKey(from, to)
 	ed := a.edges[key]
 	if ed == nil {
-		ed = &edge{from: from, to: to}
+		ed = &edge{from: from, to: to, weight: 1}
 		a.edges[key] = ed
 		a.edgeList = append(a.edgeList, ed)
+		from.out = append(from.out, ed)
+		to.in = append(to.in, ed)
 	}
 	return ed
 }
@@ -145,11 +149,31 @@ type stateEdge struct {
 	step cycleStep
 }
 
+// maxComponentCycles caps the cycles searched for in one strongly
+// connected component. Each costs a breadth-first search bounded by the
+// component; a component of 100,000 locks taken in random pairs holds
+// hundreds of thousands of dependencies, each on some cycle, and a search
+// per dependency grows with the square of the graph. The dependencies
+// left out are counted (cycleSearch.omitted) and said in the findings.
+const maxComponentCycles = 1000
+
+// cycleSearch is what findCycles found.
+type cycleSearch struct {
+	cycles [][]cycleStep
+	comp   []int32 // the strongly connected component of each cycle
+	// omitted counts, per component, the dependencies on some cycle of
+	// the component that no reported cycle goes through (the search
+	// stopped at maxComponentCycles).
+	omitted map[int32]uint64
+}
+
 // findCycles returns, for every dependency on some deadlock-capable cycle,
-// a shortest such cycle through it, each distinct cycle once. Cost: Tarjan
-// is linear; each BFS is bounded by its component and runs only for
-// dependencies no earlier cycle covered.
-func (a *Analyzer) findCycles() [][]cycleStep {
+// a shortest such cycle through it, each distinct cycle once, up to
+// maxComponentCycles per component. Cost: Tarjan is linear; each BFS is
+// bounded by its component and runs only for dependencies no earlier
+// cycle covered, at most maxComponentCycles times a component.
+func (a *Analyzer) findCycles() cycleSearch {
+	var res cycleSearch
 	// Compact the instances that have dependencies.
 	index := map[int32]int32{}
 	var nodes []*instance
@@ -175,7 +199,7 @@ func (a *Analyzer) findCycles() [][]cycleStep {
 		}
 	}
 	if len(deps) == 0 {
-		return nil
+		return res
 	}
 	// State 2n+r: lock n, entered as a recursive read when r is 1. A lock
 	// entered as a recursive read cannot be left by a dependency that holds
@@ -200,18 +224,25 @@ func (a *Analyzer) findCycles() [][]cycleStep {
 	for u := range adj {
 		covered[u] = make([]bool, len(adj[u]))
 	}
+	found := map[int32]int{}
 	seenCycle := map[string]bool{}
 	bfs := newBFS(len(adj))
-	var cycles [][]cycleStep
+	capped := false
 	for u := range adj {
 		for k, se := range adj[u] {
-			if covered[u][k] || comp[u] != comp[se.to] {
+			c := comp[u]
+			if covered[u][k] || c != comp[se.to] {
+				continue
+			}
+			if found[c] >= maxComponentCycles {
+				capped = true
 				continue
 			}
 			path := bfs.path(adj, comp, se.to, int32(u))
 			if path == nil {
 				continue
 			}
+			found[c]++
 			covered[u][k] = true
 			steps := []cycleStep{se.step}
 			for _, p := range path {
@@ -222,11 +253,43 @@ func (a *Analyzer) findCycles() [][]cycleStep {
 			key := cycleKey(steps)
 			if !seenCycle[key] {
 				seenCycle[key] = true
-				cycles = append(cycles, steps)
+				res.cycles = append(res.cycles, steps)
+				res.comp = append(res.comp, c)
 			}
 		}
 	}
-	return cycles
+	if capped {
+		res.omitted = omittedSteps(adj, comp, res.cycles, found)
+	}
+	return res
+}
+
+// omittedSteps counts, per capped component, the dependencies inside it
+// that no reported cycle goes through. Inside a strongly connected
+// component every dependency is on some cycle.
+func omittedSteps(adj [][]stateEdge, comp []int32, cycles [][]cycleStep, found map[int32]int) map[int32]uint64 {
+	onCycle := map[cycleStep]bool{}
+	for _, cyc := range cycles {
+		for _, st := range cyc {
+			onCycle[st] = true
+		}
+	}
+	counted := map[cycleStep]bool{}
+	out := map[int32]uint64{}
+	for u := range adj {
+		c := comp[u]
+		if found[c] < maxComponentCycles {
+			continue
+		}
+		for _, se := range adj[u] {
+			if comp[se.to] != c || onCycle[se.step] || counted[se.step] {
+				continue
+			}
+			counted[se.step] = true
+			out[c]++
+		}
+	}
+	return out
 }
 
 // rotateCycle starts a cycle at its oldest lock, so the same cycle found
@@ -234,7 +297,7 @@ func (a *Analyzer) findCycles() [][]cycleStep {
 func rotateCycle(steps []cycleStep) []cycleStep {
 	best := 0
 	for i, s := range steps {
-		if s.edge.from.id < steps[best].edge.from.id {
+		if s.edge.from.seq < steps[best].edge.from.seq {
 			best = i
 		}
 	}

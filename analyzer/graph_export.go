@@ -61,7 +61,7 @@ func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string) *Graph {
 			Name:      c.name,
 			Key:       c.key,
 			Type:      c.instances[0].typ.word(),
-			Instances: len(c.instances),
+			Instances: c.weight(),
 		})
 	}
 	type pair struct{ from, to int }
@@ -81,7 +81,7 @@ func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string) *Graph {
 			timedOnly[i] = true
 		}
 		ge := &g.Edges[i]
-		ge.Dependencies++
+		ge.Dependencies += int(ed.weight)
 		for _, id := range onCycle[ed] {
 			ge.Cycle = true
 			ge.Findings = appendUnique(ge.Findings, id)

@@ -93,6 +93,10 @@ type Finding struct {
 	Occurrences uint64 `json:"occurrences"`
 	// Instances lists the lock instances of each merged sighting (capped).
 	Instances [][]string `json:"instances,omitempty"`
+	// Unreported counts, for a lock-order cycle, the dependencies of the
+	// same strongly connected component that lie on cycles not reported:
+	// the search stops after a fixed number of cycles per component.
+	Unreported uint64 `json:"unreported,omitempty"`
 }
 
 // Edge is one dependency of a finding: To was taken while From was held.

@@ -45,6 +45,7 @@ type selfSighting struct {
 // selfLock records a thread taking a lock it holds (h).
 func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind) {
 	viaHook := q.inAlloc && !h.inAlloc
+	h.inst.pinned = true // the key holds its id
 	key := selfKey{h.inst.id, kind, viaHook}
 	if s := a.selfLocks[key]; s != nil {
 		s.count++

@@ -96,9 +96,11 @@ func (a *Analyzer) stats(n *naming) Stats {
 			continue
 		}
 		st.LockClasses++
-		st.Locks += len(c.instances)
+		st.Locks += c.weight()
 	}
-	st.Dependencies = len(a.edgeList)
+	for _, ed := range a.edgeList {
+		st.Dependencies += int(ed.weight)
+	}
 	st.TraceChecks = a.checks
 	return st
 }

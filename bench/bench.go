@@ -55,6 +55,9 @@ type Result struct {
 	Lost      uint64
 	Records   uint64 // records the tracer handed out
 	Bytes     int64  // their size encoded as a trace file
+	// What crossed the kernel's ring buffer: records (events, stacks, raw
+	// stack samples) and bytes.
+	RingRecords, RingBytes uint64
 }
 
 // countingWriter counts what the trace-file writer produces.
@@ -160,6 +163,7 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		}
 		res.Lost = tr.Lost()
 		res.Bytes = sink.n
+		res.RingRecords, res.RingBytes = tr.RingRead()
 		res.Hits = uprobeHits(tr.Calls())
 	}
 	if fl != nil {

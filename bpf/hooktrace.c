@@ -171,6 +171,28 @@ struct {
 	__type(value, struct scratch);
 } scratch_map SEC(".maps");
 
+/* A sample is built here, then copied to the ring at its used length: a
+ * reservation is of a constant size, and most samples need far less than
+ * SAMPLE_BYTES. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample);
+} sample_buf SEC(".maps");
+
+/* Samples already sent, by what decides their unwound stack (sample_key):
+ * the raw-stack counterpart of the chain cache. A hook inside free that
+ * runs thousands of times a second on one path is sampled once; a sample
+ * is 1-8 KiB, and copying one per lock filled the ring. LRU: an evicted
+ * pattern is sampled again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u64);
+} seen_samples SEC(".maps");
+
 static __always_inline void count(__u32 *slot, void *map)
 {
 	__u64 *v = bpf_map_lookup_elem(map, slot);
@@ -355,17 +377,79 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, st
 	return hash;
 }
 
-/* Sends raw stack memory for user-space unwinding; returns its id (top bit
- * set, which no frame-pointer stack hash has), or 0. */
-static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp, __u64 until)
+/* What decides a sample's unwound stack, hashed: the process and its
+ * allocator's place (a new image has another), the probe site (ip) and its
+ * caller (the return address at ret_slot), the locks held, the allocator
+ * call (op and its caller), and the path from there to here: the distance
+ * to the allocator call's return slot and every return address into the
+ * allocator's code on the live stack between, with its depth. 0 when the
+ * allocator's range is unknown: then every event is sampled. */
+static __always_inline __u64 sample_key(struct thread_state *st, __u32 pid, __u32 op, __u64 ip,
+					__u64 sp, __u64 ret_slot)
+{
+	struct alloc_range *r = bpf_map_lookup_elem(&alloc_ranges, &pid);
+	if (!r || !st->alloc_sp || st->alloc_sp <= sp)
+		return 0;
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	if (!s)
+		return 0;
+	__u64 ret = 0;
+	if (ret_slot)
+		bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
+	__u64 dist = st->alloc_sp - sp;
+	__u64 h = 0xcbf29ce484222325ULL ^ pid;
+	h = (h ^ r->lo) * 0x100000001b3ULL;
+	h = (h ^ op) * 0x100000001b3ULL;
+	h = (h ^ ip) * 0x100000001b3ULL;
+	h = (h ^ ret) * 0x100000001b3ULL;
+	h = (h ^ st->alloc_op) * 0x100000001b3ULL;
+	h = (h ^ st->alloc_ret) * 0x100000001b3ULL;
+	h = (h ^ dist) * 0x100000001b3ULL;
+	for (__u32 i = 0; i < MAX_HELD; i++) {
+		if (i >= st->nheld)
+			break;
+		h = (h ^ st->held_locks[i].addr) * 0x100000001b3ULL;
+	}
+	__u64 len = dist;
+	if (len > sizeof(s->slots))
+		len = sizeof(s->slots);
+	len &= ~7ULL;
+	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
+		return 0;
+	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
+		if (i * 8 >= len)
+			break;
+		__u64 v = s->slots[i];
+		if (v >= r->lo && v < r->hi)
+			h = (h ^ v ^ ((__u64)i << 48)) * 0x100000001b3ULL;
+	}
+	return h ? h : 1;
+}
+
+/* Sends raw stack memory for user-space unwinding, once per sample_key;
+ * returns its id (top bit set, which no frame-pointer stack hash has), or
+ * 0. An event whose key was sampled before names that sample again: user
+ * space keeps a sample's stack while the kernel may still name it. */
+static __always_inline __u64 take_sample(struct thread_state *st, __u32 pid, __u32 op, __u64 ip,
+					 __u64 sp, __u64 bp, __u64 ret_slot)
 {
 	if (!want_samples)
 		return 0;
-	struct sample *r = bpf_ringbuf_reserve(&ring, sizeof(*r), 0);
-	if (!r) {
-		count_lost(REC_SAMPLE);
-		return 0;
+	__u64 until = st->alloc_sp;
+	__u64 key = sample_key(st, pid, op, ip, sp, ret_slot);
+	if (key) {
+		__u64 *known = bpf_map_lookup_elem(&seen_samples, &key);
+		if (known)
+			return *known;
 	}
+	__u32 zero = 0;
+	struct sample *r = bpf_map_lookup_elem(&sample_buf, &zero);
+	if (!r)
+		return 0;
+	/* Up to the allocator call's return slot and a little beyond: the
+	 * unwinder needs the frames down to the allocator's entry, and the
+	 * margin gives it the callers' frames too. */
 	__u64 len = SAMPLE_BYTES;
 	if (until > sp && until - sp + 2048 < SAMPLE_BYTES)
 		len = until - sp + 2048;
@@ -379,19 +463,26 @@ static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp
 		len = 1024;
 		err = bpf_probe_read_user(r->data, len, (void *)sp);
 	}
-	if (err) {
-		bpf_ringbuf_discard(r, 0);
+	if (err)
 		return 0;
-	}
 	__u64 id = (1ULL << 63) | ((__u64)bpf_get_prandom_u32() << 20) | (bpf_ktime_get_ns() & 0xfffff);
 	r->type = REC_SAMPLE;
 	r->len = len;
 	r->pid = pid;
+	r->pad = 0;
 	r->hash = id;
 	r->ip = ip;
 	r->sp = sp;
 	r->bp = bp;
-	bpf_ringbuf_submit(r, ring_flags());
+	__u64 size = __builtin_offsetof(struct sample, data) + len;
+	if (size > sizeof(*r))
+		size = sizeof(*r);
+	if (bpf_ringbuf_output(&ring, r, size, ring_flags())) {
+		count_lost(REC_SAMPLE);
+		return 0;
+	}
+	if (key)
+		bpf_map_update_elem(&seen_samples, &key, &id, BPF_ANY);
 	return id;
 }
 
@@ -625,8 +716,8 @@ static __always_inline void send_with_stack(void *ctx, struct event *e, struct p
 					    __u64 ret_slot, struct thread_state *st)
 {
 	if ((e->flags & F_IN_ALLOC) && want_samples)
-		e->stack = take_sample(e->pid, PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs),
-				       st->alloc_sp);
+		e->stack = take_sample(st, e->pid, e->op, PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs),
+				       ret_slot);
 	if (!e->stack)
 		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : regs);
 	event_send(e);
@@ -960,7 +1051,7 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, r.sp);
 	if ((e->flags & F_IN_ALLOC) && want_samples)
-		e->stack = take_sample(pid, r.ip, r.sp, r.bp, st->alloc_sp);
+		e->stack = take_sample(st, pid, op, r.ip, r.sp, r.bp, r.sp);
 	if (!e->stack)
 		e->stack = take_stack(ctx, pid, r.sp, st->uret_pending ? 0 : &r);
 	event_send(e);

@@ -22,8 +22,9 @@ import (
 // event that uses it, and names threads and locks on first sight, while the
 // process is still there to ask.
 type converter struct {
-	// mu guards procs and allocs: Attach and Exec (setAllocator) and
-	// exiting run on other goroutines than the reader's.
+	// mu guards procs and allocs: the reader looks processes up while the
+	// ptrace gate's goroutine places a new child's or image's probes
+	// (setAllocator) and takes an exiting process's last maps.
 	mu sync.Mutex
 	// allocs is the allocator each process uses, as the probes placed
 	// for its current image found it.
@@ -44,13 +45,14 @@ type converter struct {
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
 	sym    *symbolize.Symbolizer
-	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
-	// notInAlloc holds the samples whose unwound stack has no allocator
-	// frame: the kernel's quick test was fooled (a stale return slot).
-	notInAlloc map[uint64]bool
-	byFrame    map[string]uint32 // unwound frames -> Stack.ID
-	locks      map[uint64]bool
-	threads    map[uint32]bool
+	stacks map[uint64]uint32 // kernel stack hash -> Stack.ID
+	// samples: raw stack samples by id. The kernel names a sample again
+	// for every event on the same path (its seen_samples cache), for as
+	// long as it remembers the path.
+	samples sampleCache
+	byFrame map[string]uint32 // unwound frames -> Stack.ID
+	locks   map[uint64]bool
+	threads map[uint32]bool
 	// mapsDirty: memory was mapped or unmapped since the maps were read.
 	mapsDirty bool
 }
@@ -104,10 +106,14 @@ func (c *converter) allocator(pid uint32) *allocRange {
 
 // watch starts afresh on pid's address space.
 func (c *converter) watch(pid uint32) *procState {
-	sym := symbolize.New(int(pid))
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.watchLocked(pid)
+}
+
+func (c *converter) watchLocked(pid uint32) *procState {
+	sym := symbolize.New(int(pid))
 	old, ok := c.procs[pid]
-	c.mu.Unlock()
 	if ok {
 		// Gone already: the snapshot taken at its exec or exit stop (see
 		// refreshMaps) is all there is.
@@ -116,16 +122,13 @@ func (c *converter) watch(pid uint32) *procState {
 		}
 	}
 	p := &procState{
-		sym:        sym,
-		notInAlloc: map[uint64]bool{},
-		stacks:     map[uint64]uint32{},
-		byFrame:    map[string]uint32{},
-		locks:      map[uint64]bool{},
-		threads:    map[uint32]bool{},
+		sym:     sym,
+		stacks:  map[uint64]uint32{},
+		byFrame: map[string]uint32{},
+		locks:   map[uint64]bool{},
+		threads: map[uint32]bool{},
 	}
-	c.mu.Lock()
 	c.procs[pid] = p
-	c.mu.Unlock()
 	return p
 }
 
@@ -143,28 +146,36 @@ func (c *converter) refreshMaps(pid uint32) {
 	}
 }
 
+// proc returns pid's state, watching it from now on if it is new.
 func (c *converter) proc(pid uint32) *procState {
 	c.mu.Lock()
-	p, ok := c.procs[pid]
-	c.mu.Unlock()
-	if ok {
+	defer c.mu.Unlock()
+	if p, ok := c.procs[pid]; ok {
 		return p
 	}
-	return c.watch(pid)
+	return c.watchLocked(pid)
 }
 
-// known says whether pid is watched.
-func (c *converter) known(pid uint32) bool {
+// child starts watching a forked child with its parent's allocator,
+// unless the gate's placement got there first. It says whether the child
+// is new.
+func (c *converter) child(pid uint32, alloc *allocRange) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.procs[pid]
-	return ok
+	if _, ok := c.procs[pid]; ok {
+		return false
+	}
+	c.watchLocked(pid)
+	c.allocs[pid] = alloc
+	return true
 }
 
 var (
-	sizeEvent  = int(unsafe.Sizeof(hooktraceEvent{}))
-	sizeStack  = int(unsafe.Sizeof(hooktraceStack{}))
-	sizeSample = int(unsafe.Sizeof(hooktraceSample{}))
+	sizeEvent = int(unsafe.Sizeof(hooktraceEvent{}))
+	sizeStack = int(unsafe.Sizeof(hooktraceStack{}))
+	// A sample record is sent at its used length: the header and Len
+	// bytes of Data.
+	sampleHeader = int(unsafe.Offsetof(hooktraceSample{}.Data))
 )
 
 func (c *converter) raw(b []byte) error {
@@ -183,10 +194,13 @@ func (c *converter) raw(b []byte) error {
 		}
 		return c.stack((*hooktraceStack)(unsafe.Pointer(&b[0])))
 	case uint32(hooktraceRecTypeREC_SAMPLE):
-		if len(b) < sizeSample {
+		if len(b) < sampleHeader {
 			return fmt.Errorf("short sample record: %d bytes", len(b))
 		}
-		return c.sample((*hooktraceSample)(unsafe.Pointer(&b[0])))
+		var r hooktraceSample
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), sampleHeader), b)
+		n := min(int(r.Len), len(b)-sampleHeader, len(r.Data))
+		return c.sample(&r, b[sampleHeader:sampleHeader+n])
 	}
 	return fmt.Errorf("unknown ring buffer record type %d", binary.LittleEndian.Uint32(b))
 }
@@ -217,10 +231,13 @@ func (c *converter) event(r *hooktraceEvent) error {
 			}
 		}
 	}
+	if op == events.OpMutexDestroy {
+		// The lifetime is over: a program that creates and destroys
+		// mutexes in a loop must not grow this set without bound.
+		delete(p.locks, r.Addr)
+	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
-		if !c.known(uint32(r.Addr)) {
-			c.watch(uint32(r.Addr))
-			c.setAllocator(uint32(r.Addr), c.allocator(r.Pid))
+		if c.child(uint32(r.Addr), c.allocator(r.Pid)) {
 			if c.onFork != nil {
 				c.onFork(uint32(r.Addr))
 			}
@@ -243,15 +260,16 @@ func (c *converter) event(r *hooktraceEvent) error {
 		p.mapsDirty = true
 	}
 	flags, addr2 := events.Flags(r.Flags), r.Addr2
-	stack := p.stacks[r.Stack]
+	var stack uint32
 	if r.Stack>>63 != 0 {
-		// A sample is used by one event only.
-		delete(p.stacks, r.Stack)
-		if p.notInAlloc[r.Stack] {
-			delete(p.notInAlloc, r.Stack)
+		s, ok := p.samples.get(r.Stack)
+		stack = s.stack
+		if ok && s.notInAlloc {
 			flags &^= events.FlagInAlloc
 			addr2 = 0
 		}
+	} else {
+		stack = p.stacks[r.Stack]
 	}
 	c.events.Add(1)
 	c.rec = events.Record{Kind: events.RecEvent, Event: events.Event{
@@ -283,11 +301,11 @@ func (c *converter) stack(r *hooktraceStack) error {
 	return err
 }
 
-func (c *converter) sample(r *hooktraceSample) error {
+func (c *converter) sample(r *hooktraceSample, data []byte) error {
 	p := c.proc(r.Pid)
-	n := min(int(r.Len), len(r.Data))
 	p.mapsFor(r.Ip)
-	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, r.Data[:n])
+	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, data)
+	var s sampleInfo
 	if alloc := c.allocator(r.Pid); alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
@@ -296,14 +314,49 @@ func (c *converter) sample(r *hooktraceSample) error {
 				break
 			}
 		}
-		if !inside {
-			p.notInAlloc[r.Hash] = true
-		}
+		s.notInAlloc = !inside
 	}
 	frames := p.sym.FramesInlined(pcs)
 	id, err := c.sendStack(p, frames, !complete)
-	p.stacks[r.Hash] = id
+	s.stack = id
+	p.samples.put(r.Hash, s)
 	return err
+}
+
+// sampleInfo is what an event naming a sample gets from it.
+type sampleInfo struct {
+	stack uint32
+	// notInAlloc: the unwound stack has no allocator frame; the kernel's
+	// quick test was fooled (a stale return slot).
+	notInAlloc bool
+}
+
+// sampleCache keeps the samples the kernel may still name: at least the
+// sampleKeep most recently used. The kernel's seen_samples is an LRU of
+// fewer entries, so a sample it still names is here; memory stays bounded
+// when every event brings its own sample (an unknown allocator range).
+type sampleCache struct {
+	cur, old map[uint64]sampleInfo
+}
+
+const sampleKeep = 4 * 16384
+
+func (c *sampleCache) get(id uint64) (sampleInfo, bool) {
+	if s, ok := c.cur[id]; ok {
+		return s, true
+	}
+	s, ok := c.old[id]
+	if ok {
+		c.put(id, s)
+	}
+	return s, ok
+}
+
+func (c *sampleCache) put(id uint64, s sampleInfo) {
+	if c.cur == nil || len(c.cur) >= sampleKeep {
+		c.old, c.cur = c.cur, make(map[uint64]sampleInfo)
+	}
+	c.cur[id] = s
 }
 
 // sendStack emits frames as a new stack unless the same frames were sent.

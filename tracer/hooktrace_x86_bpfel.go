@@ -262,8 +262,10 @@ type hooktraceMapSpecs struct {
 	Calls       *ebpf.MapSpec `ebpf:"calls"`
 	Lost        *ebpf.MapSpec `ebpf:"lost"`
 	Ring        *ebpf.MapSpec `ebpf:"ring"`
+	SampleBuf   *ebpf.MapSpec `ebpf:"sample_buf"`
 	ScratchMap  *ebpf.MapSpec `ebpf:"scratch_map"`
 	SeenAcq     *ebpf.MapSpec `ebpf:"seen_acq"`
+	SeenSamples *ebpf.MapSpec `ebpf:"seen_samples"`
 	SeenStacks  *ebpf.MapSpec `ebpf:"seen_stacks"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	Traced      *ebpf.MapSpec `ebpf:"traced"`
@@ -314,8 +316,10 @@ type hooktraceMaps struct {
 	Calls       *ebpf.Map `ebpf:"calls"`
 	Lost        *ebpf.Map `ebpf:"lost"`
 	Ring        *ebpf.Map `ebpf:"ring"`
+	SampleBuf   *ebpf.Map `ebpf:"sample_buf"`
 	ScratchMap  *ebpf.Map `ebpf:"scratch_map"`
 	SeenAcq     *ebpf.Map `ebpf:"seen_acq"`
+	SeenSamples *ebpf.Map `ebpf:"seen_samples"`
 	SeenStacks  *ebpf.Map `ebpf:"seen_stacks"`
 	Threads     *ebpf.Map `ebpf:"threads"`
 	Traced      *ebpf.Map `ebpf:"traced"`
@@ -327,8 +331,10 @@ func (m *hooktraceMaps) Close() error {
 		m.Calls,
 		m.Lost,
 		m.Ring,
+		m.SampleBuf,
 		m.ScratchMap,
 		m.SeenAcq,
+		m.SeenSamples,
 		m.SeenStacks,
 		m.Threads,
 		m.Traced,

@@ -35,6 +35,11 @@ func TestMain(m *testing.M) {
 	hooktraceBin = filepath.Join(dir, "hooktrace")
 	build := exec.Command("go", "build", "-o", hooktraceBin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if raceBuild {
+		// The race detector needs cgo.
+		build = exec.Command("go", "build", "-race", "-o", hooktraceBin, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	}
 	out, err := build.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building hooktrace: %v\n%s", err, out)

@@ -56,6 +56,14 @@ func New(pid uint32, h *events.Header) *Trace {
 // Records is the stream so far.
 func (b *Trace) Records() []*events.Record { return b.recs }
 
+// Drain returns the stream so far and starts a new part: a long stream
+// can be fed to an analyzer piece by piece, holding little.
+func (b *Trace) Drain() []*events.Record {
+	recs := b.recs
+	b.recs = nil
+	return recs
+}
+
 // Stack returns the ID of a stack, sending it first if it is new; 0 for no
 // frames.
 func (b *Trace) Stack(frames []string) uint32 {
