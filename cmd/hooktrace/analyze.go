@@ -22,7 +22,7 @@ func newAnalyzeCmd() *cobra.Command {
 		Example: `  hooktrace analyze app.htr
   hooktrace analyze --format json trace-*.htr
   hooktrace analyze --baseline main.json --report out.sarif --report summary.md app.htr`,
-		Args: cobra.MinimumNArgs(1),
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(c *cobra.Command, args []string) error {
 			rules, err := parseRules(forbid)
 			if err != nil {

@@ -21,7 +21,7 @@ func newAttachCmd() *cobra.Command {
 		Use:     "attach --pid PID [flags]",
 		Short:   "Trace a running process until Ctrl-C, SIGTERM, --duration or its exit",
 		Example: `  hooktrace attach --pid 1234 --duration 30s -o live.htr`,
-		Args:    cobra.NoArgs,
+		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(c *cobra.Command, args []string) error {
 			if pid <= 0 {
 				return usageError{fmt.Errorf("--pid is required")}

@@ -27,7 +27,7 @@ dependency was first seen. Open the file in the Perfetto UI or
 chrome://tracing. Record with --mode full for every allocator call.`,
 		Example: `  hooktrace export --format perfetto -o app.json app.htr
   hooktrace export -o job.json trace-*.htr`,
-		Args: cobra.MinimumNArgs(1),
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(c *cobra.Command, args []string) error {
 			if format != "perfetto" && format != "chrome" {
 				return usageError{fmt.Errorf("--format %q: want perfetto", format)}

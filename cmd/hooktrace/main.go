@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -118,7 +119,18 @@ func (u usageError) Unwrap() error { return u.error }
 
 func isUsage(err error) bool {
 	var u usageError
-	return errors.As(err, &u)
+	// cobra's own "unknown command" carries no type to test.
+	return errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command ")
+}
+
+// usageArgs makes a wrong number of arguments a usage error (exit 2).
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if err := check(c, args); err != nil {
+			return usageError{fmt.Errorf("%s: %w", c.Name(), err)}
+		}
+		return nil
+	}
 }
 
 func isSymbolError(err error) bool {

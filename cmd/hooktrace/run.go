@@ -21,7 +21,7 @@ func newRunCmd() *cobra.Command {
 		Short: "Run a command traced from its first instruction to its exit",
 		Example: `  hooktrace run -o app.htr -- ./app args
   hooktrace run --format json --probe my_hook -- ./app`,
-		Args: cobra.MinimumNArgs(1),
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(c *cobra.Command, args []string) error {
 			return runTraced(f, args)
 		},

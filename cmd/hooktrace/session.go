@@ -39,7 +39,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
 	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
-	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K (K and M suffixes)")
+	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K to 1G (K, M and G suffixes)")
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
 	fl.StringVarP(&f.format, "format", "f", "text", formatHelp)
 	fl.StringVar(&f.failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
@@ -47,20 +47,21 @@ func (f *traceFlags) register(c *cobra.Command) {
 	f.hang.register(fl)
 }
 
-// userProbes is --probe plus both sides of every --forbid rule.
+// userProbes is --probe plus both sides of every --forbid rule, read by
+// the analyzer's own parser so that run, attach and analyze accept the
+// same rules.
 func (f *traceFlags) userProbes() ([]string, error) {
 	out := append([]string(nil), f.probes...)
 	have := map[string]bool{}
 	for _, p := range out {
 		have[p] = true
 	}
-	for _, r := range f.forbid {
-		outer, inner, ok := strings.Cut(r, ">")
-		outer, inner = strings.TrimSpace(outer), strings.TrimSpace(inner)
-		if !ok || outer == "" || inner == "" {
-			return nil, usageError{fmt.Errorf("--forbid %q: want OUTER>INNER", r)}
-		}
-		for _, p := range []string{outer, inner} {
+	rules, err := parseRules(f.forbid)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rules {
+		for _, p := range []string{r.Outer, r.Inner} {
 			if !have[p] {
 				have[p] = true
 				out = append(out, p)
@@ -81,6 +82,9 @@ type session struct {
 }
 
 func newSession(f *traceFlags) (*session, error) {
+	if f.mode != tracer.ModeAggregate && f.mode != tracer.ModeFull {
+		return nil, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, tracer.ModeAggregate, tracer.ModeFull)}
+	}
 	probes, err := f.userProbes()
 	if err != nil {
 		return nil, err
@@ -290,8 +294,8 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// parseRingSize reads --ring: a power of two from a page (4K) up, with an
-// optional K or M suffix.
+// parseRingSize reads --ring: a power of two from a page (4K) to 1G, with
+// an optional K, M or G suffix.
 func parseRingSize(v string) (int, error) {
 	n, unit := v, 1
 	switch {
@@ -299,11 +303,12 @@ func parseRingSize(v string) (int, error) {
 		n, unit = strings.TrimSuffix(v, "K"), 1<<10
 	case strings.HasSuffix(v, "M"):
 		n, unit = strings.TrimSuffix(v, "M"), 1<<20
+	case strings.HasSuffix(v, "G"):
+		n, unit = strings.TrimSuffix(v, "G"), 1<<30
 	}
 	size, err := strconv.Atoi(n)
-	size *= unit
-	if err != nil || size < 4096 || size > 1<<30 || size&(size-1) != 0 {
-		return 0, fmt.Errorf("--ring %q: want a power of two from 4K to 1024M", v)
+	if err != nil || size <= 0 || size > 1<<30/unit || size*unit < 4096 || size&(size-1) != 0 {
+		return 0, fmt.Errorf("--ring %q: want a power of two from 4K to 1G", v)
 	}
-	return size, nil
+	return size * unit, nil
 }
