@@ -40,6 +40,10 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	if err != nil {
 		return err
 	}
+	if err := s.clearReady(); err != nil {
+		s.tr.Close()
+		return err
+	}
 	// A pidfd tells when the target exits, even though it is not our child.
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
@@ -56,11 +60,21 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 		s.tr.Close()
 		return err
 	}
+	if err := s.checkPlaced(pid, s.header.Exe); err != nil {
+		s.tr.Close()
+		return err
+	}
 	s.header.Allocator = s.tr.Allocator()
 	stop := make(chan struct{})
 	done, err := s.start(stop)
 	if err != nil {
 		s.tr.Close()
+		return err
+	}
+	if err := s.writeReady(pid); err != nil {
+		close(stop)
+		<-done
+		s.finish(err.Error(), nil, "")
 		return err
 	}
 	sigs := make(chan os.Signal, 1)
@@ -112,5 +126,5 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	if err != nil {
 		return err
 	}
-	return s.report(foot)
+	return s.report(foot, os.Stdout)
 }

@@ -43,13 +43,13 @@ func findings(t *testing.T, stdout string) []finding {
 // traceFindings runs prog under hooktrace and returns its findings.
 func traceFindings(t *testing.T, extra []string, prog string, args ...string) []finding {
 	t.Helper()
-	argv := append([]string{"run", "--format", "json", "--fail-on", "none"}, extra...)
+	argv := append([]string{"--fail-on", "none"}, extra...)
 	argv = append(append(argv, "--", prog), args...)
-	stdout, stderr, code := hooktrace(t, nil, argv...)
+	report, _, stderr, code := runJSON(t, argv...)
 	if code != 0 {
 		t.Fatalf("hooktrace exit %d\n%s", code, stderr)
 	}
-	return findings(t, stdout)
+	return findings(t, report)
 }
 
 func ofKind(fs []finding, kind, severity string) []finding {

@@ -44,9 +44,22 @@ const (
 type exitError struct {
 	code int
 	err  error
+	gate bool // findings failed the gate: the report has said why
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
+// isGateFailure reports whether err is findings failing the gate, not a
+// failure of hooktrace's.
+func isGateFailure(err error) bool {
+	var ee *exitError
+	return errors.As(err, &ee) && ee.gate
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {

@@ -43,7 +43,7 @@ func TestDamagedTraces(t *testing.T) {
 	requireBPF(t)
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "whole.htr")
-	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--fail-on", "none", "--", buildC(t, "mallocs")); code != 0 {
+	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--fail-on", "none", "--ignore-target-status", "--", buildC(t, "mallocs")); code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, stderr)
 	}
 	data, err := os.ReadFile(trace)
@@ -72,33 +72,41 @@ func TestDamagedTraces(t *testing.T) {
 }
 
 // TestGoTarget: a Go program gets no return probes (they corrupt Go
-// stacks), is told so, and runs to its right answer.
+// stacks), is told so, and runs to its right answer. One without cgo has
+// no pthread lock to trace: run refuses it, exit 3, before it runs.
 func TestGoTarget(t *testing.T) {
 	requireBPF(t)
 	dir := t.TempDir()
-	src := filepath.Join(dir, "main.go")
-	os.WriteFile(src, []byte("package main\n\nimport \"fmt\"\n\nfunc main() {\n\tsum := 0\n\tfor i := 1; i <= 100; i++ {\n\t\tsum += i\n\t}\n\tfmt.Println(\"sum\", sum)\n}\n"), 0o644)
-	bin := filepath.Join(dir, "goprog")
-	build := exec.Command("go", "build", "-o", bin, src)
-	build.Dir = dir
-	build.Env = append(os.Environ(), "GO111MODULE=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	build := func(name, src string) string {
+		os.WriteFile(filepath.Join(dir, name+".go"), []byte(src), 0o644)
+		bin := filepath.Join(dir, name)
+		build := exec.Command("go", "build", "-o", bin, name+".go")
+		build.Dir = dir
+		build.Env = append(os.Environ(), "GO111MODULE=off", "CGO_ENABLED=1")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+		return bin
 	}
-	cmd := exec.Command(hooktraceBin, "run", "--format", "json", "--", bin)
-	out, err := cmd.Output()
-	stderr := ""
-	if ee, ok := err.(*exec.ExitError); ok {
-		stderr = string(ee.Stderr)
-		t.Fatalf("exit %d\n%s", ee.ExitCode(), stderr)
+	cgo := build("cgoprog", "package main\n\n// int twice(int x) { return 2 * x; }\nimport \"C\"\nimport \"fmt\"\n\nfunc main() {\n\tsum := 0\n\tfor i := 1; i <= 100; i++ {\n\t\tsum += i\n\t}\n\tfmt.Println(\"sum\", int(C.twice(C.int(sum/2))))\n}\n")
+	stdout, stderr, code := hooktrace(t, nil, "run", "--", cgo)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
 	}
-	if !strings.HasPrefix(string(out), "sum 5050\n") {
-		t.Errorf("the Go program's answer: %q", out)
+	if stdout != "sum 5050\n" {
+		t.Errorf("the Go program's answer: %q", stdout)
 	}
-	cmd = exec.Command(hooktraceBin, "run", "--format", "json", "--", bin)
-	b, _ := cmd.CombinedOutput()
-	if !strings.Contains(string(b), "is a Go program: no return probes") {
-		t.Errorf("no warning about return probes in a Go target:\n%s", b)
+	if !strings.Contains(stderr, "is a Go program: no return probes") {
+		t.Errorf("no warning about return probes in a Go target:\n%s", stderr)
+	}
+
+	pure := build("pureprog", "package main\n\nimport \"fmt\"\n\nfunc main() {\n\tfmt.Println(\"ran\")\n}\n")
+	stdout, stderr, code = hooktrace(t, nil, "run", "--", pure)
+	if code != exitFailure || !strings.Contains(stderr, "no probe placed in pid") || !strings.Contains(stderr, "Go program without cgo") {
+		t.Errorf("pure Go target: exit %d (want %d naming why)\n%s", code, exitFailure, stderr)
+	}
+	if stdout != "" || strings.Contains(stderr, "no findings") {
+		t.Errorf("pure Go target: it ran, or an empty report was given: stdout %q\n%s", stdout, stderr)
 	}
 }
 
@@ -212,7 +220,7 @@ func TestPreloadedJemalloc(t *testing.T) {
 		t.Skip("libjemalloc2 is not installed")
 	}
 	trace := filepath.Join(t.TempDir(), "je.htr")
-	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "-o", trace, "--", buildC(t, "mallocs"))
+	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "--ignore-target-status", "-o", trace, "--", buildC(t, "mallocs"))
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -242,8 +250,8 @@ func TestLostEventsReported(t *testing.T) {
 	requireBPF(t)
 	prog := buildC(t, "mallocs")
 	trace := filepath.Join(t.TempDir(), "lossy.htr")
-	stdout, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "--ring", "4K", "--fail-on", "none",
-		"--format", "json", "-o", trace, "--", prog)
+	stdout, _, stderr, code := runJSON(t, "--mode", "full", "--ring", "4K", "--fail-on", "none", "--ignore-target-status",
+		"-o", trace, "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}

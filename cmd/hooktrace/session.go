@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,8 +29,11 @@ type traceFlags struct {
 	noSamples   bool
 	format      string
 	failOn      string
+	readyFile   string
 	rep         reportFlags
 	hang        hangFlags
+
+	ignoreTargetStatus bool // run only
 }
 
 func (f *traceFlags) register(c *cobra.Command) {
@@ -43,6 +47,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
 	fl.StringVarP(&f.format, "format", "f", "text", formatHelp)
 	fl.StringVar(&f.failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
+	fl.StringVar(&f.readyFile, "ready-file", "", "write the target's PID to this file once every probe is placed and tracing is on (for run: before the target's first instruction)")
 	f.rep.register(fl)
 	f.hang.register(fl)
 }
@@ -141,6 +146,12 @@ func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
 	}
 	s.sink = sink
 	s.status = newStatusLine(s.tr)
+	// On before the caller goes on: a gated target let go, or a ready
+	// file written, must find the probes live.
+	if err := s.tr.On(); err != nil {
+		sink.abandon()
+		return nil, err
+	}
 	done := make(chan error, 1)
 	go func() { done <- s.tr.Run(stop, s.sink.add) }()
 	return done, nil
@@ -219,13 +230,21 @@ func (s *statusLine) stop() {
 }
 
 // recordSink receives the live stream: it feeds the analyzer and writes the
-// trace file.
+// trace file. The header goes to the file at once and the records at least
+// every flushEvery, even when few arrive (an aggregate trace sends little
+// once the patterns are known): a hooktrace killed with SIGKILL, or a node
+// lost, leaves a readable trace of all but the last moments.
 type recordSink struct {
 	an   *analyzer.Analyzer
 	f    *os.File
+	mu   sync.Mutex // guards w: the reader writes, the flusher flushes
 	w    *events.Writer
-	last time.Time
+	err  error // the flusher's, returned by the next add
+	quit chan struct{}
+	done chan struct{}
 }
+
+const flushEvery = time.Second
 
 func newRecordSink(path string, h *events.Header) (*recordSink, error) {
 	s := &recordSink{an: analyzer.New(analyzer.Options{})}
@@ -240,12 +259,34 @@ func newRecordSink(path string, h *events.Header) (*recordSink, error) {
 	}
 	s.f = f
 	s.w = events.NewWriter(f)
-	if err := s.w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
+	if err := s.w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err == nil {
+		err = s.w.Flush()
+	}
+	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("writing %s: %w", path, err)
 	}
-	s.last = time.Now()
+	s.quit, s.done = make(chan struct{}), make(chan struct{})
+	go s.flusher()
 	return s, nil
+}
+
+func (s *recordSink) flusher() {
+	defer close(s.done)
+	tick := time.NewTicker(flushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-tick.C:
+			s.mu.Lock()
+			if err := s.w.Flush(); err != nil && s.err == nil {
+				s.err = fmt.Errorf("writing the trace: %w", err)
+			}
+			s.mu.Unlock()
+		}
+	}
 }
 
 func (s *recordSink) add(r *events.Record) error {
@@ -253,21 +294,41 @@ func (s *recordSink) add(r *events.Record) error {
 	if s.w == nil {
 		return nil
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
 	if err := s.w.Write(r); err != nil {
 		return fmt.Errorf("writing the trace: %w", err)
 	}
-	// Flush now and then, so a tracer killed mid-run loses little.
-	if time.Since(s.last) > time.Second {
-		s.last = time.Now()
-		return s.w.Flush()
-	}
 	return nil
+}
+
+// stopFlusher ends the periodic flushes; the writer is the caller's alone
+// afterwards.
+func (s *recordSink) stopFlusher() {
+	if s.quit != nil {
+		close(s.quit)
+		<-s.done
+		s.quit = nil
+	}
+}
+
+// abandon closes the file without a footer: tracing never started.
+func (s *recordSink) abandon() {
+	if s.w != nil {
+		s.stopFlusher()
+		s.w.Close()
+		s.f.Close()
+	}
 }
 
 func (s *recordSink) close(foot *events.Footer) error {
 	if s.w == nil {
 		return nil
 	}
+	s.stopFlusher()
 	err := s.w.Write(&events.Record{Kind: events.RecFooter, Footer: foot})
 	if cerr := s.w.Close(); err == nil {
 		err = cerr
