@@ -102,7 +102,7 @@ func traceHeader(path string) (*events.Header, error) {
 	}
 	defer r.Close()
 	rec, err := r.Next()
-	if err != nil && err != io.EOF && !errors.Is(err, events.ErrTruncated) {
+	if err != nil && err != io.EOF && !salvageable(err) {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
 	if err == nil && rec.Kind == events.RecHeader {
@@ -111,8 +111,8 @@ func traceHeader(path string) (*events.Header, error) {
 	return nil, nil
 }
 
-// eachRecord calls fn with every record of a trace; a trace cut short
-// ends at its last whole block (analyzeFile has warned).
+// eachRecord calls fn with every record of a trace; a trace cut short or
+// damaged ends at its last whole sound block (analyzeFile has warned).
 func eachRecord(path string, fn func(*events.Record) error) error {
 	r, err := events.Open(path)
 	if err != nil {
@@ -121,7 +121,7 @@ func eachRecord(path string, fn func(*events.Record) error) error {
 	defer r.Close()
 	for {
 		rec, err := r.Next()
-		if err == io.EOF || errors.Is(err, events.ErrTruncated) {
+		if err == io.EOF || salvageable(err) {
 			return nil
 		}
 		if err != nil {

@@ -38,7 +38,8 @@ func TestExecMidTrace(t *testing.T) {
 
 // TestDamagedTraces: a trace cut short (the tracer was killed) is analyzed
 // up to its last whole block with a warning, and the report says it is
-// incomplete; a corrupted one fails with the offset, exit 3.
+// incomplete; so is a damaged one (a flipped byte), up to the block the
+// damage is in, with the offset.
 func TestDamagedTraces(t *testing.T) {
 	requireBPF(t)
 	dir := t.TempDir()
@@ -65,9 +66,19 @@ func TestDamagedTraces(t *testing.T) {
 	bad[len(bad)/2] ^= 0x40
 	corrupt := filepath.Join(dir, "corrupt.htr")
 	os.WriteFile(corrupt, bad, 0o644)
-	_, stderr, code = hooktrace(t, nil, "analyze", corrupt)
-	if code != exitFailure || !strings.Contains(stderr, "corrupt at offset") {
-		t.Errorf("corrupt trace: exit %d (want %d), stderr %q", code, exitFailure, stderr)
+	stdout, stderr, code = hooktrace(t, nil, "analyze", "--format", "json", "--fail-on", "none", corrupt)
+	if code != 0 || !strings.Contains(stderr, "corrupt at offset") || !strings.Contains(stderr, "analyzing the whole blocks before it") {
+		t.Fatalf("corrupt trace: exit %d (want 0, salvaged with a warning), stderr %q", code, stderr)
+	}
+	wholeOut, _, _ := hooktrace(t, nil, "analyze", "--format", "json", "--fail-on", "none", trace)
+	whole := parseReport(t, wholeOut)
+	if damaged := parseReport(t, stdout); damaged.Stats.Complete || damaged.Stats.Events == 0 || damaged.Stats.Events >= whole.Stats.Events {
+		t.Errorf("corrupt trace: complete=%v events=%d of %d; want incomplete with the events before the damage",
+			damaged.Stats.Complete, damaged.Stats.Events, whole.Stats.Events)
+	}
+	// export salvages the same blocks.
+	if _, stderr, code := hooktrace(t, nil, "export", "-o", filepath.Join(dir, "corrupt.json"), corrupt); code != 0 {
+		t.Errorf("export of a corrupt trace: exit %d\n%s", code, stderr)
 	}
 }
 
