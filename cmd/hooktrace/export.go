@@ -92,6 +92,9 @@ func exportTimeline(paths []string, output string, rules []analyzer.Rule) error 
 	if output != "-" {
 		fmt.Fprintf(os.Stderr, "hooktrace: timeline of %d trace(s), %d findings, written to %s\n", len(paths), len(res.Findings), output)
 	}
+	if n := reports.CountedOnly(res); n > 0 {
+		fmt.Fprintf(os.Stderr, "hooktrace: %s\n", reports.CountedOnlyNote(n))
+	}
 	return nil
 }
 

@@ -413,3 +413,51 @@ func TestAttachErrors(t *testing.T) {
 		t.Errorf("the target ran: %q", stdout)
 	}
 }
+
+// TestExportSaysWhatIsCounted: the timeline of an aggregate trace says, in
+// its metadata and on stderr, how many calls were only counted and how to
+// record them; a full trace has none such.
+func TestExportSaysWhatIsCounted(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "mallocs")
+	for _, mode := range []string{"aggregate", "full"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			trace, timeline := filepath.Join(dir, "t.htr"), filepath.Join(dir, "t.json")
+			if _, stderr, code := hooktrace(t, nil, "run", "--mode", mode, "--ignore-target-status", "-o", trace, "--", prog); code != 0 {
+				t.Fatalf("run: exit %d\n%s", code, stderr)
+			}
+			_, stderr, code := hooktrace(t, nil, "export", "-o", timeline, trace)
+			if code != 0 {
+				t.Fatalf("export: exit %d\n%s", code, stderr)
+			}
+			b, _ := os.ReadFile(timeline)
+			var doc struct {
+				Metadata struct {
+					Hooktrace struct {
+						Calls       uint64 `json:"calls"`
+						CountedOnly uint64 `json:"counted_only"`
+						Note        string `json:"note"`
+					} `json:"hooktrace"`
+				} `json:"metadata"`
+			}
+			if err := json.Unmarshal(b, &doc); err != nil {
+				t.Fatalf("the timeline is not JSON: %v", err)
+			}
+			m := doc.Metadata.Hooktrace
+			if mode == "full" {
+				if m.CountedOnly != 0 || strings.Contains(stderr, "only counted") {
+					t.Errorf("full trace: %+v, stderr %q", m, stderr)
+				}
+				return
+			}
+			// 10,000 malloc(777) and their locks, sent once as a pattern.
+			if m.CountedOnly < 10000 || m.CountedOnly >= m.Calls || !strings.Contains(m.Note, "--mode full") {
+				t.Errorf("aggregate metadata %+v: want the ~30,000 repeats counted only, and --mode full named", m)
+			}
+			if !strings.Contains(stderr, fmt.Sprintf("%d calls were only counted", m.CountedOnly)) || !strings.Contains(stderr, "--mode full") {
+				t.Errorf("stderr does not say what was only counted:\n%s", stderr)
+			}
+		})
+	}
+}
