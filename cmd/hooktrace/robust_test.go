@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,13 +114,36 @@ func TestGoTarget(t *testing.T) {
 		t.Errorf("no warning about return probes in a Go target:\n%s", stderr)
 	}
 
-	pure := build("pureprog", "package main\n\nimport \"fmt\"\n\nfunc main() {\n\tfmt.Println(\"ran\")\n}\n")
+	pure := build("pureprog", "package main\n\nimport (\n\t\"bufio\"\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() {\n\tfmt.Println(\"waiting\")\n\tbufio.NewReader(os.Stdin).ReadString('\\n')\n\tfmt.Println(\"ran\")\n}\n")
 	stdout, stderr, code = hooktrace(t, nil, "run", "--", pure)
 	if code != exitFailure || !strings.Contains(stderr, "no probe placed in pid") || !strings.Contains(stderr, "Go program without cgo") {
 		t.Errorf("pure Go target: exit %d (want %d naming why)\n%s", code, exitFailure, stderr)
 	}
 	if stdout != "" || strings.Contains(stderr, "no findings") {
 		t.Errorf("pure Go target: it ran, or an empty report was given: stdout %q\n%s", stdout, stderr)
+	}
+	// attach says the same, and leaves the target as it was.
+	target := exec.Command(pure)
+	stdin, _ := target.StdinPipe()
+	out, _ := target.StdoutPipe()
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer target.Process.Kill()
+	rd := bufio.NewReader(out)
+	if line, _ := rd.ReadString('\n'); line != "waiting\n" {
+		t.Fatalf("target said %q", line)
+	}
+	stdout, stderr, code = hooktrace(t, nil, "attach", "--pid", fmt.Sprint(target.Process.Pid), "--duration", "30s")
+	if code != exitFailure || !strings.Contains(stderr, "no probe placed in pid") || stdout != "" {
+		t.Errorf("attach to a pure Go target: exit %d (want %d naming why), stdout %q\n%s", code, exitFailure, stdout, stderr)
+	}
+	io.WriteString(stdin, "go on\n")
+	if rest, _ := io.ReadAll(rd); string(rest) != "ran\n" {
+		t.Errorf("the target after the refused attach said %q", rest)
+	}
+	if err := target.Wait(); err != nil {
+		t.Errorf("the target after the refused attach: %v", err)
 	}
 }
 
