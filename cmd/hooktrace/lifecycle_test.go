@@ -461,3 +461,41 @@ func TestExportSaysWhatIsCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestRunLeavesDeadlockedTarget: with --on-hang detach, run reports the
+// deadlock and exits 1 (--error-exitcode) without waiting: the target did
+// not finish, whatever --fail-on says. It is left deadlocked, as asked.
+func TestRunLeavesDeadlockedTarget(t *testing.T) {
+	requireBPF(t)
+	prog := buildC(t, "deadlock")
+	dir := t.TempDir()
+	ready, report := filepath.Join(dir, "ready"), filepath.Join(dir, "r.json")
+	// The target outlives run, holding its stdout and stderr: files and
+	// pipes of the test's own, not a buffer Wait would wait to fill.
+	s := startHooktrace(t, hooktraceBin, "run", "--on-hang", "detach", "--hang-timeout", "1s", "--fail-on", "none",
+		"--error-exitcode", "9", "--ready-file", ready, "--report", report, "--", prog)
+	code := s.wait(t)
+	stderr := s.stderr()
+	b, err := os.ReadFile(ready)
+	if err != nil {
+		t.Fatalf("no ready file: %v\n%s", err, stderr)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	alive := pid > 0 && syscall.Kill(pid, 0) == nil
+	if pid > 0 {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if code != 9 || !strings.Contains(stderr, "the target deadlocked and was left hanging: exit status 9") {
+		t.Errorf("exit %d, want 9 (--error-exitcode) for a target left deadlocked\n%s", code, stderr)
+	}
+	if !alive {
+		t.Errorf("the target (pid %d) is gone: --on-hang detach must leave it", pid)
+	}
+	rb, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := parseLifecycle(t, string(rb)); len(r.Findings) == 0 || r.Stats.ExitStatus != nil || r.Stats.ExitSignal != "" {
+		t.Errorf("report: %d findings, stats %+v; want the deadlock and no exit status", len(r.Findings), r.Stats)
+	}
+}
