@@ -35,6 +35,17 @@ func framesOf(st *events.Stack) ([]Frame, bool) {
 	return out, st.Truncated
 }
 
+// ObjectAddress names a frame with no function by its place in its
+// object, "libx.so+0x112e", as TSan and perf do: the same in every run,
+// and what addr2line or objdump take. It is "" when the frame has a
+// function, or no object-relative address (a trace from an older version).
+func (f Frame) ObjectAddress() string {
+	if f.Function != "" || f.Offset == 0 || f.Object == "" {
+		return ""
+	}
+	return objectBase(f.Object) + "+0x" + strconv.FormatUint(f.Offset, 16)
+}
+
 // baseFunction strips compiler clone suffixes (".isra.0", ".constprop.0",
 // ".cold") and symbol versions ("@@GLIBC_2.2.5") so glibc's internal names
 // match whatever build they come from.
@@ -119,6 +130,9 @@ func site(f *events.Frame) string {
 		return "an unknown site"
 	}
 	obj := objectBase(f.Object)
+	if f.Function == "" && f.Offset != 0 && obj != "" {
+		return obj + "+0x" + strconv.FormatUint(f.Offset, 16)
+	}
 	if f.Function == "" {
 		s := "0x" + strconv.FormatUint(f.Addr, 16)
 		if obj != "" {

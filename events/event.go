@@ -318,7 +318,7 @@ func (e *Event) Has(f Flags) bool { return e.Flags&f == f }
 type Frame struct {
 	Addr     uint64 // the return address (or the IP, for the first frame)
 	Function string // demangled; empty when unknown
-	Offset   uint64 // Addr - the function's start
+	Offset   uint64 // Addr - the function's start; with no function, Addr's place in Object (its ELF address)
 	File     string // source file, from DWARF; empty when unknown
 	Line     uint32
 	Object   string // the mapped file's path

@@ -61,10 +61,57 @@ func Perfetto(w io.Writer, traces []TimelineTrace, res *analyzer.Result) error {
 	if t.err != nil {
 		return t.err
 	}
-	if _, err := bw.WriteString("\n]}\n"); err != nil {
+	if _, err := bw.WriteString("\n]"); err != nil {
+		return err
+	}
+	if res != nil {
+		// What the timeline cannot show: an aggregate trace holds the
+		// first call of each pattern, the kernel only counted the rest.
+		meta := map[string]any{
+			"calls":        sumCalls(res.Stats.Calls),
+			"events":       res.Stats.Events,
+			"lost_events":  res.Stats.LostEvents,
+			"counted_only": CountedOnly(res),
+		}
+		if n := CountedOnly(res); n > 0 {
+			meta["note"] = CountedOnlyNote(n)
+		}
+		b, err := json.Marshal(map[string]any{"hooktrace": meta})
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(bw, ",\"metadata\":%s", b); err != nil {
+			return err
+		}
+	}
+	if _, err := bw.WriteString("}\n"); err != nil {
 		return err
 	}
 	return bw.Flush()
+}
+
+// CountedOnly is how many traced calls of res have no event of their own:
+// in an aggregate trace, the repeats the kernel only counted. Lost events
+// are not among them.
+func CountedOnly(res *analyzer.Result) uint64 {
+	calls, sent := sumCalls(res.Stats.Calls), res.Stats.Events+res.Stats.LostEvents
+	if calls <= sent {
+		return 0
+	}
+	return calls - sent
+}
+
+// CountedOnlyNote says what a timeline lacks, and how to have it.
+func CountedOnlyNote(n uint64) string {
+	return fmt.Sprintf("%d calls were only counted (aggregate mode): the timeline shows the first of each pattern; record with --mode full to see every call", n)
+}
+
+func sumCalls(calls map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range calls {
+		n += v
+	}
+	return n
 }
 
 type timeline struct {

@@ -414,6 +414,9 @@ func (lc *locator) location(fr *analyzer.Frame, msg string) *sarifLocation {
 	}
 	name := fr.Function
 	if name == "" {
+		name = fr.ObjectAddress()
+	}
+	if name == "" {
 		name = fr.Address
 	}
 	if name != "" {

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hooktrace/hooktrace/analyzer"
 )
@@ -95,8 +97,11 @@ func ReadSuppressions(r io.Reader, name string) (*Suppressions, error) {
 		key, value, ok := strings.Cut(text, ":")
 		key, value = strings.ToLower(strings.TrimSpace(key)), strings.TrimSpace(value)
 		where := fmt.Sprintf("%s:%d", name, line)
+		if strings.ContainsRune(text, 0) || !utf8.ValidString(text) {
+			return nil, fmt.Errorf("%s: not a text line (a binary file?): %s", where, excerpt(text))
+		}
 		if !ok || key == "" {
-			return nil, fmt.Errorf("%s: want \"key: value\" (id, lock, function, kind, reason), got %q", where, text)
+			return nil, fmt.Errorf("%s: want \"key: value\" (id, lock, function, kind, reason), got %s", where, excerpt(text))
 		}
 		if cur == nil {
 			cur = &Suppression{Source: where}
@@ -118,22 +123,38 @@ func ReadSuppressions(r io.Reader, name string) (*Suppressions, error) {
 			cur.Function = value
 		case "kind":
 			if !knownKind(value) {
-				return nil, fmt.Errorf("%s: unknown kind %q", where, value)
+				return nil, fmt.Errorf("%s: unknown kind %s", where, excerpt(value))
 			}
 			cur.Kind = value
 		case "reason":
 			cur.Reason = value
 		default:
-			return nil, fmt.Errorf("%s: unknown key %q (want id, lock, function, kind or reason)", where, key)
+			return nil, fmt.Errorf("%s: unknown key %s (want id, lock, function, kind or reason)", where, excerpt(key))
 		}
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); err == bufio.ErrTooLong {
+		return nil, fmt.Errorf("%s:%d: a line longer than 1 MiB (not a suppressions file?)", name, line+1)
+	} else if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if err := finish(); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// excerpt quotes the start of a bad line: an error stays one readable
+// line even when the file is not text at all.
+func excerpt(s string) string {
+	const max = 40
+	if len(s) <= max {
+		return strconv.Quote(s)
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strconv.Quote(s[:cut]) + fmt.Sprintf("... (%d bytes)", len(s))
 }
 
 // LoadSuppressions reads a suppressions file.

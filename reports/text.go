@@ -325,6 +325,9 @@ func FrameText(f analyzer.Frame) string {
 		obj = obj[i+1:]
 	}
 	name := f.Function
+	if a := f.ObjectAddress(); a != "" {
+		return a
+	}
 	if name == "" {
 		name = f.Address
 	} else if f.Offset != 0 && f.File == "" {

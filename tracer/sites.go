@@ -212,7 +212,10 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 // process it is /proc/PID/exe and its environment is the process's.
 func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *symbolize.Object) ([]string, error) {
 	var env []string
-	if exe == "" {
+	// A gated child maps hooktrace's own binary until its exec: only the
+	// objects exe will load are the target's.
+	gated := exe != ""
+	if !gated {
 		p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 		if err != nil {
 			return nil, fmt.Errorf("reading pid %d's executable: %w", pid, err)
@@ -254,7 +257,7 @@ func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *sy
 			}
 		}
 	}
-	if exe != "" && pid > 0 {
+	if !gated && pid > 0 {
 		for _, p := range mappedObjects(maps) {
 			add(p)
 		}

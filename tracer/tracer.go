@@ -284,6 +284,10 @@ func checkProcess(pid int) error {
 	s := string(stat)
 	if i := strings.LastIndexByte(s, ')'); i >= 0 {
 		f := strings.Fields(s[i+1:])
+		// A zombie keeps its stat but has no memory left to trace.
+		if len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+			return fmt.Errorf("process %d has exited: %w", pid, ErrNoProcess)
+		}
 		var flags uint64
 		if len(f) > 6 {
 			fmt.Sscan(f[6], &flags)
@@ -291,6 +295,16 @@ func checkProcess(pid int) error {
 		if flags&0x00200000 != 0 {
 			return fmt.Errorf("pid %d %w", pid, ErrKernelTask)
 		}
+	}
+	return nil
+}
+
+// On turns tracing on. Run does it too; a caller that must know the
+// probes are live before it goes on (a gated target let go, a readiness
+// file written) calls it first.
+func (t *Tracer) On() error {
+	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
+		return fmt.Errorf("turning tracing on: %w", err)
 	}
 	return nil
 }
@@ -318,8 +332,8 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 			}()
 		}
 	}
-	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
-		return fmt.Errorf("turning tracing on: %w", err)
+	if err := t.On(); err != nil {
+		return err
 	}
 	defer keepFed()()
 	done := make(chan struct{})

@@ -22,7 +22,7 @@ func newAnalyzeCmd() *cobra.Command {
 		Example: `  hooktrace analyze app.htr
   hooktrace analyze --format json trace-*.htr
   hooktrace analyze --baseline main.json --report out.sarif --report summary.md app.htr`,
-		Args: cobra.MinimumNArgs(1),
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(c *cobra.Command, args []string) error {
 			rules, err := parseRules(forbid)
 			if err != nil {
@@ -48,8 +48,9 @@ func newAnalyzeCmd() *cobra.Command {
 }
 
 // analyzeFile feeds one trace to a. A trace cut short (the tracer was
-// killed) is analyzed up to its last whole block, with a warning; the
-// result then says it is incomplete. A corrupt one is an error.
+// killed) or damaged (a flipped byte fails a block's checksum) is analyzed
+// up to its last whole sound block, with a warning; the result then says
+// it is incomplete.
 func analyzeFile(a *analyzer.Analyzer, path string) error {
 	r, err := events.Open(path)
 	if err != nil {
@@ -63,8 +64,8 @@ func analyzeFile(a *analyzer.Analyzer, path string) error {
 		if err == io.EOF {
 			return nil
 		}
-		if errors.Is(err, events.ErrTruncated) {
-			slog.Warn(fmt.Sprintf("%s: %v; analyzing what was written", path, err))
+		if salvageable(err) {
+			slog.Warn(fmt.Sprintf("%s: %v; analyzing the whole blocks before it", path, err))
 			return nil
 		}
 		if err != nil {
@@ -72,6 +73,15 @@ func analyzeFile(a *analyzer.Analyzer, path string) error {
 		}
 		a.Add(&rec)
 	}
+}
+
+// salvageable reports whether a trace that failed to read with err still
+// holds sound records before the failure: the reader delivers a block's
+// records only once its checksum has passed, so a cut or a damaged byte
+// loses the blocks from there on, not the ones before.
+func salvageable(err error) bool {
+	var corrupt *events.CorruptError
+	return errors.Is(err, events.ErrTruncated) || errors.As(err, &corrupt)
 }
 
 func parseRules(specs []string) ([]analyzer.Rule, error) {

@@ -23,7 +23,7 @@ func newAttachCmd() *cobra.Command {
 		Use:     "attach --pid PID [flags]",
 		Short:   "Trace a running process until Ctrl-C, SIGTERM, --duration or its exit",
 		Example: `  hooktrace attach --pid 1234 --duration 30s -o live.htr`,
-		Args:    cobra.NoArgs,
+		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(c *cobra.Command, args []string) error {
 			if pid <= 0 {
 				return usageError{fmt.Errorf("--pid is required")}
@@ -42,6 +42,10 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	if err != nil {
 		return err
 	}
+	if err := s.clearReady(); err != nil {
+		s.tr.Close()
+		return err
+	}
 	// A pidfd tells when the target exits, even though it is not our child.
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
@@ -58,11 +62,21 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 		s.tr.Close()
 		return err
 	}
+	if err := s.checkPlaced(pid, s.header.Exe); err != nil {
+		s.tr.Close()
+		return err
+	}
 	s.header.Allocator = s.tr.Allocator()
 	stop := make(chan struct{})
 	done, err := s.start(stop)
 	if err != nil {
 		s.tr.Close()
+		return err
+	}
+	if err := s.writeReady(pid); err != nil {
+		close(stop)
+		<-done
+		s.finish(err.Error(), nil, "")
 		return err
 	}
 	sigs := make(chan os.Signal, 1)
@@ -114,5 +128,5 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	if err != nil {
 		return err
 	}
-	return s.report(foot)
+	return s.report(foot, os.Stdout)
 }

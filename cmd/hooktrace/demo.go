@@ -52,7 +52,7 @@ Exit status 0 when both verdicts are as expected, 1 otherwise.`,
 		Example: `  hooktrace demo
   hooktrace demo --format json
   hooktrace demo --stress`,
-		Args: cobra.NoArgs,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(c *cobra.Command, args []string) error {
 			return runDemo(c.OutOrStdout(), f)
 		},

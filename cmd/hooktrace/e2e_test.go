@@ -67,6 +67,20 @@ func hooktrace(t *testing.T, stdin io.Reader, args ...string) (string, string, i
 	return stdout.String(), stderr.String(), code
 }
 
+// runJSON runs `hooktrace run ARGS...` (its flags, "--", the command) with
+// the JSON report written to a file, as run's stdout and stderr are the
+// target's, and returns the report ("" when none was written), stdout,
+// stderr and the exit status.
+func runJSON(t *testing.T, args ...string) (report, stdout, stderr string, code int) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "report.json")
+	stdout, stderr, code = hooktrace(t, nil, append([]string{"run", "--report", "json:" + path}, args...)...)
+	if b, err := os.ReadFile(path); err == nil {
+		report = string(b)
+	}
+	return report, stdout, stderr, code
+}
+
 type jsonReport struct {
 	Version int `json:"version"`
 	Stats   struct {
@@ -151,9 +165,10 @@ func TestRunCountsEveryMalloc(t *testing.T) {
 	for _, mode := range []string{"full", "aggregate"} {
 		t.Run(mode, func(t *testing.T) {
 			trace := filepath.Join(t.TempDir(), "m.htr")
-			stdout, stderr, code := hooktrace(t, nil, "run", "--mode", mode, "--format", "json", "-o", trace, "--", prog)
-			if code != 0 {
-				t.Fatalf("exit %d\n%s", code, stderr)
+			stdout, _, stderr, code := runJSON(t, "--mode", mode, "-o", trace, "--", prog)
+			// The program exits 3: so does run.
+			if code != 3 || !strings.Contains(stderr, "the target exited with status 3") {
+				t.Fatalf("exit %d, want the target's 3\n%s", code, stderr)
 			}
 			tids := map[uint32]int{}
 			for _, line := range strings.Split(stderr, "\n") {

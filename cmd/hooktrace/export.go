@@ -27,7 +27,7 @@ dependency was first seen. Open the file in the Perfetto UI or
 chrome://tracing. Record with --mode full for every allocator call.`,
 		Example: `  hooktrace export --format perfetto -o app.json app.htr
   hooktrace export -o job.json trace-*.htr`,
-		Args: cobra.MinimumNArgs(1),
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(c *cobra.Command, args []string) error {
 			if format != "perfetto" && format != "chrome" {
 				return usageError{fmt.Errorf("--format %q: want perfetto", format)}
@@ -92,6 +92,9 @@ func exportTimeline(paths []string, output string, rules []analyzer.Rule) error 
 	if output != "-" {
 		fmt.Fprintf(os.Stderr, "hooktrace: timeline of %d trace(s), %d findings, written to %s\n", len(paths), len(res.Findings), output)
 	}
+	if n := reports.CountedOnly(res); n > 0 {
+		fmt.Fprintf(os.Stderr, "hooktrace: %s\n", reports.CountedOnlyNote(n))
+	}
 	return nil
 }
 
@@ -102,7 +105,7 @@ func traceHeader(path string) (*events.Header, error) {
 	}
 	defer r.Close()
 	rec, err := r.Next()
-	if err != nil && err != io.EOF && !errors.Is(err, events.ErrTruncated) {
+	if err != nil && err != io.EOF && !salvageable(err) {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
 	if err == nil && rec.Kind == events.RecHeader {
@@ -111,8 +114,8 @@ func traceHeader(path string) (*events.Header, error) {
 	return nil, nil
 }
 
-// eachRecord calls fn with every record of a trace; a trace cut short
-// ends at its last whole block (analyzeFile has warned).
+// eachRecord calls fn with every record of a trace; a trace cut short or
+// damaged ends at its last whole sound block (analyzeFile has warned).
 func eachRecord(path string, fn func(*events.Record) error) error {
 	r, err := events.Open(path)
 	if err != nil {
@@ -121,7 +124,7 @@ func eachRecord(path string, fn func(*events.Record) error) error {
 	defer r.Close()
 	for {
 		rec, err := r.Next()
-		if err == io.EOF || errors.Is(err, events.ErrTruncated) {
+		if err == io.EOF || salvageable(err) {
 			return nil
 		}
 		if err != nil {

@@ -46,9 +46,9 @@ func findings(t *testing.T, stdout string) []finding {
 // traceFindings runs prog under hooktrace and returns its findings.
 func traceFindings(t *testing.T, extra []string, prog string, args ...string) []finding {
 	t.Helper()
-	argv := append([]string{"run", "--format", "json", "--fail-on", "none"}, extra...)
+	argv := append([]string{"--fail-on", "none"}, extra...)
 	argv = append(append(argv, "--", prog), args...)
-	stdout, stderr, code := hooktrace(t, nil, argv...)
+	report, _, stderr, code := runJSON(t, argv...)
 	if code != 0 {
 		t.Fatalf("hooktrace exit %d\n%s", code, stderr)
 	}
@@ -59,14 +59,14 @@ func traceFindings(t *testing.T, extra []string, prog string, args ...string) []
 			TraceChecks map[string]uint64 `json:"trace_checks"`
 		} `json:"stats"`
 	}
-	if err := json.Unmarshal([]byte(stdout), &r); err == nil {
+	if err := json.Unmarshal([]byte(report), &r); err == nil {
 		for what, n := range r.Stats.TraceChecks {
 			if n != 0 {
 				t.Errorf("trace checks: %d %s in %s %v", n, what, prog, args)
 			}
 		}
 	}
-	return findings(t, stdout)
+	return findings(t, report)
 }
 
 func ofKind(fs []finding, kind, severity string) []finding {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/pprof"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -33,9 +34,22 @@ const (
 type exitError struct {
 	code int
 	err  error
+	gate bool // findings failed the gate: the report has said why
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
+// isGateFailure reports whether err is findings failing the gate, not a
+// failure of hooktrace's.
+func isGateFailure(err error) bool {
+	var ee *exitError
+	return errors.As(err, &ee) && ee.gate
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
@@ -105,7 +119,18 @@ func (u usageError) Unwrap() error { return u.error }
 
 func isUsage(err error) bool {
 	var u usageError
-	return errors.As(err, &u)
+	// cobra's own "unknown command" carries no type to test.
+	return errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command ")
+}
+
+// usageArgs makes a wrong number of arguments a usage error (exit 2).
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if err := check(c, args); err != nil {
+			return usageError{fmt.Errorf("%s: %w", c.Name(), err)}
+		}
+		return nil
+	}
 }
 
 func isSymbolError(err error) bool {

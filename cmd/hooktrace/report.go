@@ -23,6 +23,7 @@ type reportFlags struct {
 	baseline   string
 	suppress   string
 	sourceRoot string
+	errorCode  int
 	fs         *pflag.FlagSet
 
 	// Loaded by check.
@@ -38,6 +39,15 @@ func (r *reportFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&r.baseline, "baseline", "", "an earlier JSON report: only findings it lacks fail (the report lists new, still present and fixed)")
 	fl.StringVar(&r.suppress, "suppress", "", "a suppressions file: entries by finding id, lock or function pattern, each with a reason")
 	fl.StringVar(&r.sourceRoot, "source-root", ".", "SARIF: source files under this directory are named relative to it")
+	fl.IntVar(&r.errorCode, "error-exitcode", exitFindings, "the exit status when findings fail the gate (1 to 255)")
+}
+
+// exitCode is the status for a failing gate: --error-exitcode.
+func (r *reportFlags) exitCode() int {
+	if r.errorCode == 0 {
+		return exitFindings
+	}
+	return r.errorCode
 }
 
 // reportTarget is one --report.
@@ -72,6 +82,9 @@ func (r *reportFlags) targets() ([]reportTarget, error) {
 // check validates the report flags and loads the baseline and the
 // suppressions, before any tracing: a typo must not cost a run.
 func (r *reportFlags) check(format, failOn string) error {
+	if r.errorCode < 0 || r.errorCode > 255 || (r.errorCode == 0 && r.fs != nil && r.fs.Changed("error-exitcode")) {
+		return usageError{fmt.Errorf("--error-exitcode %d: want 1 to 255", r.errorCode)}
+	}
 	if !reports.KnownFormat(format) {
 		return usageError{fmt.Errorf("--format %q: want %s", format, strings.Join(reports.Formats, ", "))}
 	}
@@ -109,10 +122,10 @@ func (r *reportFlags) formatGiven() bool {
 	return f != nil && f.Changed
 }
 
-// writeReport judges res, prints it on w in format (unless --report
-// writes files and --format was not given), writes the --report files
-// (their names expanded by expand, when set), and turns failing findings
-// into exit status 1.
+// writeReport judges res, prints it on w in format (unless w is nil, or
+// --report writes files and --format was not given), writes the --report
+// files (their names expanded by expand, when set), and turns failing
+// findings into exit status 1 (--error-exitcode).
 func writeReport(w io.Writer, res *analyzer.Result, format, failOn string, r *reportFlags, expand func(string) (string, error)) error {
 	if r == nil {
 		r = &reportFlags{}
@@ -140,7 +153,7 @@ func writeReport(w io.Writer, res *analyzer.Result, format, failOn string, r *re
 	if err != nil {
 		return err
 	}
-	if len(targets) == 0 || r.formatGiven() {
+	if w != nil && (len(targets) == 0 || r.formatGiven()) {
 		if err := reports.Render(w, format, g); err != nil {
 			return fmt.Errorf("writing the report: %w", err)
 		}
@@ -163,7 +176,7 @@ func writeReport(w io.Writer, res *analyzer.Result, format, failOn string, r *re
 			map[bool]string{true: "s", false: ""}[len(written) > 1], strings.Join(written, ", "))
 	}
 	if g.Fails() {
-		return &exitError{code: exitFindings}
+		return &exitError{code: r.exitCode(), gate: true}
 	}
 	return nil
 }

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,12 +43,13 @@ func TestExecMidTrace(t *testing.T) {
 
 // TestDamagedTraces: a trace cut short (the tracer was killed) is analyzed
 // up to its last whole block with a warning, and the report says it is
-// incomplete; a corrupted one fails with the offset, exit 3.
+// incomplete; so is a damaged one (a flipped byte), up to the block the
+// damage is in, with the offset.
 func TestDamagedTraces(t *testing.T) {
 	testenv.RequireBPF(t)
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "whole.htr")
-	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--fail-on", "none", "--", testenv.Program(t, "mallocs")); code != 0 {
+	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--fail-on", "none", "--ignore-target-status", "--", testenv.Program(t, "mallocs")); code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, stderr)
 	}
 	data, err := os.ReadFile(trace)
@@ -67,40 +71,81 @@ func TestDamagedTraces(t *testing.T) {
 	bad[len(bad)/2] ^= 0x40
 	corrupt := filepath.Join(dir, "corrupt.htr")
 	os.WriteFile(corrupt, bad, 0o644)
-	_, stderr, code = hooktrace(t, nil, "analyze", corrupt)
-	if code != exitFailure || !strings.Contains(stderr, "corrupt at offset") {
-		t.Errorf("corrupt trace: exit %d (want %d), stderr %q", code, exitFailure, stderr)
+	stdout, stderr, code = hooktrace(t, nil, "analyze", "--format", "json", "--fail-on", "none", corrupt)
+	if code != 0 || !strings.Contains(stderr, "corrupt at offset") || !strings.Contains(stderr, "analyzing the whole blocks before it") {
+		t.Fatalf("corrupt trace: exit %d (want 0, salvaged with a warning), stderr %q", code, stderr)
+	}
+	wholeOut, _, _ := hooktrace(t, nil, "analyze", "--format", "json", "--fail-on", "none", trace)
+	whole := parseReport(t, wholeOut)
+	if damaged := parseReport(t, stdout); damaged.Stats.Complete || damaged.Stats.Events == 0 || damaged.Stats.Events >= whole.Stats.Events {
+		t.Errorf("corrupt trace: complete=%v events=%d of %d; want incomplete with the events before the damage",
+			damaged.Stats.Complete, damaged.Stats.Events, whole.Stats.Events)
+	}
+	// export salvages the same blocks.
+	if _, stderr, code := hooktrace(t, nil, "export", "-o", filepath.Join(dir, "corrupt.json"), corrupt); code != 0 {
+		t.Errorf("export of a corrupt trace: exit %d\n%s", code, stderr)
 	}
 }
 
 // TestGoTarget: a Go program gets no return probes (they corrupt Go
-// stacks), is told so, and runs to its right answer.
+// stacks), is told so, and runs to its right answer. One without cgo has
+// no pthread lock to trace: run refuses it, exit 3, before it runs.
 func TestGoTarget(t *testing.T) {
 	testenv.RequireBPF(t)
 	dir := t.TempDir()
-	src := filepath.Join(dir, "main.go")
-	os.WriteFile(src, []byte("package main\n\nimport \"fmt\"\n\nfunc main() {\n\tsum := 0\n\tfor i := 1; i <= 100; i++ {\n\t\tsum += i\n\t}\n\tfmt.Println(\"sum\", sum)\n}\n"), 0o644)
-	bin := filepath.Join(dir, "goprog")
-	build := exec.Command("go", "build", "-o", bin, src)
-	build.Dir = dir
-	build.Env = append(os.Environ(), "GO111MODULE=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	build := func(name, src string) string {
+		os.WriteFile(filepath.Join(dir, name+".go"), []byte(src), 0o644)
+		bin := filepath.Join(dir, name)
+		build := exec.Command("go", "build", "-o", bin, name+".go")
+		build.Dir = dir
+		build.Env = append(os.Environ(), "GO111MODULE=off", "CGO_ENABLED=1")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+		return bin
 	}
-	cmd := exec.Command(hooktraceBin, "run", "--format", "json", "--", bin)
-	out, err := cmd.Output()
-	stderr := ""
-	if ee, ok := err.(*exec.ExitError); ok {
-		stderr = string(ee.Stderr)
-		t.Fatalf("exit %d\n%s", ee.ExitCode(), stderr)
+	cgo := build("cgoprog", "package main\n\n// int twice(int x) { return 2 * x; }\nimport \"C\"\nimport \"fmt\"\n\nfunc main() {\n\tsum := 0\n\tfor i := 1; i <= 100; i++ {\n\t\tsum += i\n\t}\n\tfmt.Println(\"sum\", int(C.twice(C.int(sum/2))))\n}\n")
+	stdout, stderr, code := hooktrace(t, nil, "run", "--", cgo)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
 	}
-	if !strings.HasPrefix(string(out), "sum 5050\n") {
-		t.Errorf("the Go program's answer: %q", out)
+	if stdout != "sum 5050\n" {
+		t.Errorf("the Go program's answer: %q", stdout)
 	}
-	cmd = exec.Command(hooktraceBin, "run", "--format", "json", "--", bin)
-	b, _ := cmd.CombinedOutput()
-	if !strings.Contains(string(b), "is a Go program: no return probes") {
-		t.Errorf("no warning about return probes in a Go target:\n%s", b)
+	if !strings.Contains(stderr, "is a Go program: no return probes") {
+		t.Errorf("no warning about return probes in a Go target:\n%s", stderr)
+	}
+
+	pure := build("pureprog", "package main\n\nimport (\n\t\"bufio\"\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() {\n\tfmt.Println(\"waiting\")\n\tbufio.NewReader(os.Stdin).ReadString('\\n')\n\tfmt.Println(\"ran\")\n}\n")
+	stdout, stderr, code = hooktrace(t, nil, "run", "--", pure)
+	if code != exitFailure || !strings.Contains(stderr, "no probe placed in pid") || !strings.Contains(stderr, "Go program without cgo") {
+		t.Errorf("pure Go target: exit %d (want %d naming why)\n%s", code, exitFailure, stderr)
+	}
+	if stdout != "" || strings.Contains(stderr, "no findings") {
+		t.Errorf("pure Go target: it ran, or an empty report was given: stdout %q\n%s", stdout, stderr)
+	}
+	// attach says the same, and leaves the target as it was.
+	target := exec.Command(pure)
+	stdin, _ := target.StdinPipe()
+	out, _ := target.StdoutPipe()
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer target.Process.Kill()
+	rd := bufio.NewReader(out)
+	if line, _ := rd.ReadString('\n'); line != "waiting\n" {
+		t.Fatalf("target said %q", line)
+	}
+	stdout, stderr, code = hooktrace(t, nil, "attach", "--pid", fmt.Sprint(target.Process.Pid), "--duration", "30s")
+	if code != exitFailure || !strings.Contains(stderr, "no probe placed in pid") || stdout != "" {
+		t.Errorf("attach to a pure Go target: exit %d (want %d naming why), stdout %q\n%s", code, exitFailure, stdout, stderr)
+	}
+	io.WriteString(stdin, "go on\n")
+	if rest, _ := io.ReadAll(rd); string(rest) != "ran\n" {
+		t.Errorf("the target after the refused attach said %q", rest)
+	}
+	if err := target.Wait(); err != nil {
+		t.Errorf("the target after the refused attach: %v", err)
 	}
 }
 
@@ -202,7 +247,7 @@ func TestPreloadedJemalloc(t *testing.T) {
 	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 	testenv.File(t, je, "apt-get install -y libjemalloc2")
 	trace := filepath.Join(t.TempDir(), "je.htr")
-	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "-o", trace, "--", testenv.Program(t, "mallocs"))
+	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "--ignore-target-status", "-o", trace, "--", testenv.Program(t, "mallocs"))
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -232,8 +277,8 @@ func TestLostEventsReported(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "mallocs")
 	trace := filepath.Join(t.TempDir(), "lossy.htr")
-	stdout, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "--ring", "4K", "--fail-on", "none",
-		"--format", "json", "-o", trace, "--", prog)
+	stdout, _, stderr, code := runJSON(t, "--mode", "full", "--ring", "4K", "--fail-on", "none", "--ignore-target-status",
+		"-o", trace, "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}

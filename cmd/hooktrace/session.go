@@ -4,10 +4,12 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,8 +32,11 @@ type traceFlags struct {
 	noSamples   bool
 	format      string
 	failOn      string
+	readyFile   string
 	rep         reportFlags
 	hang        hangFlags
+
+	ignoreTargetStatus bool // run only
 }
 
 func (f *traceFlags) register(c *cobra.Command) {
@@ -41,28 +46,30 @@ func (f *traceFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
 	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
-	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K (K and M suffixes)")
+	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K to 1G (K, M and G suffixes)")
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
 	fl.StringVarP(&f.format, "format", "f", "text", formatHelp)
 	fl.StringVar(&f.failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
+	fl.StringVar(&f.readyFile, "ready-file", "", "write the target's PID to this file once every probe is placed and tracing is on (for run: before the target's first instruction)")
 	f.rep.register(fl)
 	f.hang.register(fl)
 }
 
-// userProbes is --probe plus both sides of every --forbid rule.
+// userProbes is --probe plus both sides of every --forbid rule, read by
+// the analyzer's own parser so that run, attach and analyze accept the
+// same rules.
 func (f *traceFlags) userProbes() ([]string, error) {
 	out := append([]string(nil), f.probes...)
 	have := map[string]bool{}
 	for _, p := range out {
 		have[p] = true
 	}
-	for _, r := range f.forbid {
-		outer, inner, ok := strings.Cut(r, ">")
-		outer, inner = strings.TrimSpace(outer), strings.TrimSpace(inner)
-		if !ok || outer == "" || inner == "" {
-			return nil, usageError{fmt.Errorf("--forbid %q: want OUTER>INNER", r)}
-		}
-		for _, p := range []string{outer, inner} {
+	rules, err := parseRules(f.forbid)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rules {
+		for _, p := range []string{r.Outer, r.Inner} {
 			if !have[p] {
 				have[p] = true
 				out = append(out, p)
@@ -83,6 +90,9 @@ type session struct {
 }
 
 func newSession(f *traceFlags) (*session, error) {
+	if f.mode != tracer.ModeAggregate && f.mode != tracer.ModeFull {
+		return nil, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, tracer.ModeAggregate, tracer.ModeFull)}
+	}
 	probes, err := f.userProbes()
 	if err != nil {
 		return nil, err
@@ -138,6 +148,12 @@ func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
 	}
 	s.sink = sink
 	s.status = newStatusLine(s.tr)
+	// On before the caller goes on: a gated target let go, or a ready
+	// file written, must find the probes live.
+	if err := s.tr.On(); err != nil {
+		sink.abandon()
+		return nil, err
+	}
 	done := make(chan error, 1)
 	go func() { done <- s.tr.Run(stop, s.sink.add) }()
 	return done, nil
@@ -216,13 +232,21 @@ func (s *statusLine) stop() {
 }
 
 // recordSink receives the live stream: it feeds the analyzer and writes the
-// trace file.
+// trace file. The header goes to the file at once and the records at least
+// every flushEvery, even when few arrive (an aggregate trace sends little
+// once the patterns are known): a hooktrace killed with SIGKILL, or a node
+// lost, leaves a readable trace of all but the last moments.
 type recordSink struct {
 	an   *analyzer.Analyzer
 	f    *os.File
+	mu   sync.Mutex // guards w: the reader writes, the flusher flushes
 	w    *events.Writer
-	last time.Time
+	err  error // the flusher's, returned by the next add
+	quit chan struct{}
+	done chan struct{}
 }
+
+const flushEvery = time.Second
 
 func newRecordSink(path string, h *events.Header) (*recordSink, error) {
 	s := &recordSink{an: analyzer.New(analyzer.Options{})}
@@ -237,12 +261,35 @@ func newRecordSink(path string, h *events.Header) (*recordSink, error) {
 	}
 	s.f = f
 	s.w = events.NewWriter(f)
-	if err := s.w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
+	err = s.w.Write(&events.Record{Kind: events.RecHeader, Header: h})
+	if err == nil {
+		err = s.w.Flush()
+	}
+	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("writing %s: %w", path, err)
 	}
-	s.last = time.Now()
+	s.quit, s.done = make(chan struct{}), make(chan struct{})
+	go s.flusher()
 	return s, nil
+}
+
+func (s *recordSink) flusher() {
+	defer close(s.done)
+	tick := time.NewTicker(flushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-tick.C:
+			s.mu.Lock()
+			if err := s.w.Flush(); err != nil && s.err == nil {
+				s.err = fmt.Errorf("writing the trace: %w", err)
+			}
+			s.mu.Unlock()
+		}
+	}
 }
 
 func (s *recordSink) add(r *events.Record) error {
@@ -250,21 +297,41 @@ func (s *recordSink) add(r *events.Record) error {
 	if s.w == nil {
 		return nil
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
 	if err := s.w.Write(r); err != nil {
 		return fmt.Errorf("writing the trace: %w", err)
 	}
-	// Flush now and then, so a tracer killed mid-run loses little.
-	if time.Since(s.last) > time.Second {
-		s.last = time.Now()
-		return s.w.Flush()
-	}
 	return nil
+}
+
+// stopFlusher ends the periodic flushes; the writer is the caller's alone
+// afterwards.
+func (s *recordSink) stopFlusher() {
+	if s.quit != nil {
+		close(s.quit)
+		<-s.done
+		s.quit = nil
+	}
+}
+
+// abandon closes the file without a footer: tracing never started.
+func (s *recordSink) abandon() {
+	if s.w != nil {
+		s.stopFlusher()
+		s.w.Close()
+		s.f.Close()
+	}
 }
 
 func (s *recordSink) close(foot *events.Footer) error {
 	if s.w == nil {
 		return nil
 	}
+	s.stopFlusher()
 	err := s.w.Write(&events.Record{Kind: events.RecFooter, Footer: foot})
 	if cerr := s.w.Close(); err == nil {
 		err = cerr
@@ -291,8 +358,8 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// parseRingSize reads --ring: a power of two from a page (4K) up, with an
-// optional K or M suffix.
+// parseRingSize reads --ring: a power of two from a page (4K) to 1G, with
+// an optional K, M or G suffix.
 func parseRingSize(v string) (int, error) {
 	n, unit := v, 1
 	switch {
@@ -300,18 +367,20 @@ func parseRingSize(v string) (int, error) {
 		n, unit = strings.TrimSuffix(v, "K"), 1<<10
 	case strings.HasSuffix(v, "M"):
 		n, unit = strings.TrimSuffix(v, "M"), 1<<20
+	case strings.HasSuffix(v, "G"):
+		n, unit = strings.TrimSuffix(v, "G"), 1<<30
 	}
 	size, err := strconv.Atoi(n)
-	size *= unit
-	if err != nil || size < 4096 || size > 1<<30 || size&(size-1) != 0 {
-		return 0, fmt.Errorf("--ring %q: want a power of two from 4K to 1024M", v)
+	if err != nil || size <= 0 || size > 1<<30/unit || size*unit < 4096 || size&(size-1) != 0 {
+		return 0, fmt.Errorf("--ring %q: want a power of two from 4K to 1G", v)
 	}
-	return size, nil
+	return size * unit, nil
 }
 
-// report prints the analysis of what the session traced.
-func (s *session) report(foot *events.Footer) error {
+// report prints the analysis of what the session traced on w: stdout
+// for attach, stderr for run (whose stdout is the target's).
+func (s *session) report(foot *events.Footer, w io.Writer) error {
 	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
 	expand := func(p string) (string, error) { return expandOutputPath(p, &s.header) }
-	return writeReport(os.Stdout, s.sink.an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
+	return writeReport(w, s.sink.an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
 }

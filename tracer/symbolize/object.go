@@ -309,7 +309,9 @@ func (o *Object) frames(lookup, addr uint64, objName string) []events.Frame {
 		chain = dw.frames(lookup)
 	}
 	if len(chain) == 0 {
-		f := events.Frame{Addr: addr, Object: objName}
+		// Without a function, Offset is the object-relative address, the
+		// same in every run: "libx.so+0x112e", as TSan and perf name it.
+		f := events.Frame{Addr: addr, Object: objName, Offset: addr}
 		if haveSym {
 			f.Function, f.Offset = fn, offsetFrom(addr, start)
 		}
