@@ -269,6 +269,19 @@ func checkProcess(pid int) error {
 	return nil
 }
 
+// On turns the probes on. Run does it too; a caller that lets a gated
+// target exec must call On first, synchronously: the exec tracepoint only
+// turns a gated process into a traced one while tracing is on, so a target
+// that won the race against Run's goroutine stayed gated for its whole
+// run, its locks seen by the uprobes but its exec and memory syscalls
+// never counted.
+func (t *Tracer) On() error {
+	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
+		return fmt.Errorf("turning tracing on: %w", err)
+	}
+	return nil
+}
+
 // pollInterval bounds how long a record can wait in the ring unread.
 const pollInterval = 50 * time.Millisecond
 
@@ -285,8 +298,8 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 			}
 		}
 	}
-	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
-		return fmt.Errorf("turning tracing on: %w", err)
+	if err := t.On(); err != nil {
+		return err
 	}
 	done := make(chan struct{})
 	go func() {

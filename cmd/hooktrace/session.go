@@ -127,6 +127,10 @@ func newSession(f *traceFlags) (*session, error) {
 // start opens the output and runs the reader until stop closes; the
 // returned channel yields Run's error.
 func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
+	// On before the caller opens run's gate: see Tracer.On.
+	if err := s.tr.On(); err != nil {
+		return nil, err
+	}
 	s.header.Probes = s.tr.Sites()
 	output, err := expandOutputPath(s.flags.output, &s.header)
 	if err != nil {
