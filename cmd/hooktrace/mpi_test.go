@@ -24,13 +24,31 @@ import (
 // their memory hooks see every unmap; hooktrace places no uprobe on
 // patched code and sees those calls through the sys_enter tracepoint.
 
+// What the release hook does inside free differs:
+//   - vader: Open MPI's hooks take no pthread lock;
+//   - UCX: ucm_vm_munmap dispatches the event under UCX's recursive
+//     spinlock wrapper (libucs, over pthread_spin_lock);
+//   - ofi: libfabric's ofi_import_monitor_notify takes mm_list_rwlock (read)
+//     then mm_lock (the stripped library's locks are named by address).
+//
+// Both run while glibc holds the freeing thread's arena lock when free
+// trims a non-main heap (shrink_heap → madvise).
 var mpiConfigs = []struct {
 	name string
 	mca  []string
+	// hookLock is in the name of a lock the release hook takes inside
+	// free, with the arena held; empty when it takes none. hookPath is on
+	// that stack whichever call it was first seen in (aggregate mode
+	// reports the first: a trim of the heap by sbrk in the main thread or
+	// of a thread's heap by madvise).
+	hookLock string
+	hookPath []string
 }{
-	{"vader", []string{"--mca", "pml", "ob1", "--mca", "btl", "self,vader"}},
-	{"ucx", []string{"--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any"}},
-	{"ofi", []string{"--mca", "pml", "cm", "--mca", "mtl", "ofi"}},
+	{"vader", []string{"--mca", "pml", "ob1", "--mca", "btl", "self,vader"}, "", nil},
+	{"ucx", []string{"--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any"},
+		"libucs", []string{"pthread_spin_lock", "ucm_event_dispatch", "free"}},
+	{"ofi", []string{"--mca", "pml", "cm", "--mca", "mtl", "ofi"},
+		"libfabric", []string{"pthread_mutex_lock", "opal_mem_hooks_release_hook", "free"}},
 }
 
 // mpiReport is what the tests read of a JSON report.
@@ -136,6 +154,36 @@ func checkMPIReport(t *testing.T, what string, rep *mpiReport) {
 	t.Logf("%s: findings %v", what, count)
 }
 
+// checkHook checks, in a complete trace, the hook-lock finding of the
+// release hook inside free: a lock named with lock, the arena held, the
+// hook's path on its stack. With events lost its first sighting may be
+// among them.
+func checkHook(t *testing.T, what string, rep *mpiReport, lock string, path []string) {
+	t.Helper()
+	if lock == "" || rep.Stats.LostEvents != 0 {
+		return
+	}
+	for _, f := range rep.Findings {
+		if f.Kind != "hook-lock" || !strings.Contains(strings.Join(f.Locks, " "), lock) {
+			continue
+		}
+		for _, e := range f.Edges {
+			have := map[string]bool{}
+			for _, fr := range e.Stack {
+				have[fr.Function] = true
+			}
+			all := e.Arena == "held"
+			for _, fn := range path {
+				all = all && have[fn]
+			}
+			if all {
+				return
+			}
+		}
+	}
+	t.Errorf("%s: no hook-lock finding of a %s lock taken inside free with the arena held, through %v", what, lock, path)
+}
+
 // frames shows a stack as the functions (or objects) on it, innermost first.
 func frames(stack []struct {
 	Function string `json:"function"`
@@ -175,15 +223,19 @@ func TestOpenMPIJob(t *testing.T) {
 	prog := testenv.C{Compiler: "mpicc", Source: filepath.Join("testdata", "mpi_pingpong.c")}.Build(t)
 	for _, cfg := range mpiConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
-			t.Run("attach", func(t *testing.T) { mpiAttach(t, mpirun, cfg.mca, prog) })
-			t.Run("run", func(t *testing.T) { mpiRun(t, mpirun, cfg.mca, prog) })
+			check := func(t *testing.T, what string, rep *mpiReport) {
+				checkMPIReport(t, what, rep)
+				checkHook(t, what, rep, cfg.hookLock, cfg.hookPath)
+			}
+			t.Run("attach", func(t *testing.T) { mpiAttach(t, mpirun, cfg.mca, prog, check) })
+			t.Run("run", func(t *testing.T) { mpiRun(t, mpirun, cfg.mca, prog, check) })
 		})
 	}
 }
 
 // mpiAttach starts the job playing until told to stop on its stdin,
 // attaches to rank 0 for 2 s, then stops the job.
-func mpiAttach(t *testing.T, mpirun string, mca []string, prog string) {
+func mpiAttach(t *testing.T, mpirun string, mca []string, prog string, check func(*testing.T, string, *mpiReport)) {
 	cmd := exec.Command(mpirun, mpirunArgs(mca, prog, "30", "stdin")...)
 	cmd.Env = mpiEnv()
 	stdin, err := cmd.StdinPipe()
@@ -231,12 +283,12 @@ func mpiAttach(t *testing.T, mpirun string, mca []string, prog string) {
 	if s := strings.TrimSpace(stderrA); s != "" {
 		t.Logf("attach's stderr:\n%s", s)
 	}
-	checkMPIReport(t, "attach to rank 0", readMPIReport(t, []byte(report), "attach"))
+	check(t, "attach to rank 0", readMPIReport(t, []byte(report), "attach"))
 }
 
 // mpiRun runs the job for a second with each rank under hooktrace run,
 // reports to files so that stdout is the job's alone.
-func mpiRun(t *testing.T, mpirun string, mca []string, prog string) {
+func mpiRun(t *testing.T, mpirun string, mca []string, prog string, check func(*testing.T, string, *mpiReport)) {
 	dir := t.TempDir()
 	cmd := exec.Command(mpirun, mpirunArgs(mca, hooktraceBin, "run", "--fail-on", "none",
 		"--report", "rank-%r.json", "-o", "trace-%r.htr", "--", prog, "1")...)
@@ -260,7 +312,7 @@ func mpiRun(t *testing.T, mpirun string, mca []string, prog string) {
 		if rep.Stats.Calls["exec"] != 1 {
 			t.Errorf("rank %s: %d execs seen, want the rank's one", r, rep.Stats.Calls["exec"])
 		}
-		checkMPIReport(t, "run rank "+r, rep)
+		check(t, "run rank "+r, rep)
 		if _, err := os.Stat(filepath.Join(dir, "trace-"+r+".htr")); err != nil {
 			t.Errorf("rank %s: %v", r, err)
 		}
