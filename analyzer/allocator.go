@@ -293,6 +293,9 @@ type reentrySighting struct {
 }
 
 func (a *Analyzer) reentry(t *thread, e *events.Event) {
+	if selfCall(t.stream.stack(e.Stack)) {
+		return
+	}
 	outer := t.enclosingAllocOp(e)
 	key := reentryKey{t.stream.index, outer, e.Op, e.Stack}
 	if r := a.reentries[key]; r != nil {

@@ -147,7 +147,9 @@
 // a re-entrancy warning (hook-lock) for a recursive one: the hook runs in
 // the middle of the lock's critical section. An allocator call made inside
 // an allocator call (an allocator event with FlagInAlloc) is
-// allocator-reentry (error). A hook that takes a lock inside the allocator
+// allocator-reentry (error), unless its caller is in the allocator's own
+// object: glibc's posix_memalign and its kin call malloc themselves, and
+// that is no hook. A hook that takes a lock inside the allocator
 // on no reported cycle is hook-lock (info).
 //
 // # Forbidden nesting

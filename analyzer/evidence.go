@@ -180,6 +180,11 @@ func lockAddrOf(e *events.Event) uint64 {
 
 // attached reports whether the trace began with the process already
 // running (attach), rather than at its first instruction (run).
+// lossy reports whether the trace lost events: the ring had no room.
+func (s *stream) lossy() bool {
+	return s.lost > 0 || (s.footer != nil && s.footer.Lost > 0)
+}
+
 func (s *stream) attached() bool {
 	return s.header != nil && len(s.header.Command) == 0
 }
@@ -198,7 +203,7 @@ func (a *Analyzer) inconsistencyFindings(n *naming) []Finding {
 	var out []Finding
 	index := map[string]int{}
 	for _, r := range a.inconList {
-		if r.kind == incSelf && r.self.contradicted < r.self.count {
+		if r.kind == incSelf && !r.self.disproved() {
 			// Some sighting did stop its thread: the error stands.
 			continue
 		}

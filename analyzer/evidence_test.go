@@ -1,9 +1,11 @@
 package analyzer
 
 import (
-	"github.com/hooktrace/hooktrace/internal/tracebuild"
+	"sort"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 
 	"github.com/hooktrace/hooktrace/events"
 )
@@ -195,4 +197,38 @@ func evidenceCases() []ruleCase {
 
 func TestEvidenceChecks(t *testing.T) {
 	runRuleCases(t, evidenceCases())
+}
+
+// TestLossySelfDeadlock: an attach to a busy rank that lost events (the
+// unlocks are among them) sees a spinlock re-taken by a thread that went
+// on, then once more as the thread's last event before the attach ended.
+// No sighting is better evidence than the others: one trace inconsistency,
+// no error. The same records without the loss keep the error (one sighting
+// did stop its thread).
+func TestLossySelfDeadlock(t *testing.T) {
+	for _, lost := range []uint64{0, 40} {
+		b := named(tracebuild.New(100, &events.Header{}))
+		spin(b, 1, events.OpSpinLock, lockA, "f")
+		spin(b, 1, events.OpSpinLock, lockA, "f")
+		lk(b, 1, lockB, "g")
+		b.Unlock(1, lockB)
+		spin(b, 1, events.OpSpinLock, lockA, "f")
+		if lost > 0 {
+			b.Lost(lost)
+		}
+		b.Footer(nil)
+		res := analyze(Options{}, b)
+		var got []string
+		for _, f := range res.Findings {
+			got = append(got, string(f.Kind)+"/"+string(f.Severity))
+		}
+		want := "self-deadlock/error"
+		if lost > 0 {
+			want = "trace-inconsistency/warning"
+		}
+		sort.Strings(got)
+		if strings.Join(got, " ") != want || res.Stats.TraceChecks.ImpossibleSelfDeadlocks != 1 {
+			t.Errorf("%d lost: findings %v (want %s), checks %+v", lost, got, want, res.Stats.TraceChecks)
+		}
+	}
 }

@@ -534,6 +534,16 @@ func ruleCases() []ruleCase {
 			},
 		},
 		{
+			// glibc's posix_memalign relays to malloc for small alignments:
+			// the allocator calling itself, no hook, nothing to report.
+			name: "allocator calling its own entry point",
+			build: func(b *tracebuild.Trace) {
+				b.Alloc(1, events.OpPosixMemalign, 0, 64, "posix_memalign"+libc, "fi_setup"+"@libfabric.so.1")
+				b.InAlloc(1, events.OpMalloc, 0, events.OpPosixMemalign, "malloc"+libc, "__posix_memalign"+libc,
+					"posix_memalign"+libc, "fi_setup"+"@libfabric.so.1")
+			},
+		},
+		{
 			name: "allocator calls one after another",
 			build: func(b *tracebuild.Trace) {
 				b.Alloc(1, events.OpMalloc, 0, 64, "malloc"+libc, "f")

@@ -87,13 +87,22 @@ func (t *thread) expectStop(s *selfSighting) {
 	}
 }
 
+// disproved reports whether the trace contradicts the sighting: every one
+// was outlived by its thread; or some were, and events were lost. Then the
+// lock's release was among the lost events, and the sightings not followed
+// by an event (the trace ended, or the thread's next events were lost too)
+// are no better evidence: a trace inconsistency, not an error.
+func (s *selfSighting) disproved() bool {
+	return s.count > 0 && (s.contradicted == s.count || s.contradicted > 0 && s.stream.lossy())
+}
+
 // selfFindings merges self-lock sightings by lock class and code site.
 func (a *Analyzer) selfFindings(n *naming) []Finding {
 	var out []Finding
 	index := map[string]int{}
 	for _, s := range a.selfList {
-		if s.count > 0 && s.contradicted == s.count {
-			continue // every sighting was outlived: a trace inconsistency
+		if s.disproved() {
+			continue // reported as a trace inconsistency
 		}
 		lock := n.of(s.inst)
 		siteKey := stableSite(callerFrame(s.stack))

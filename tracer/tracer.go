@@ -299,9 +299,12 @@ func checkProcess(pid int) error {
 	return nil
 }
 
-// On turns tracing on. Run does it too; a caller that must know the
-// probes are live before it goes on (a gated target let go, a readiness
-// file written) calls it first.
+// On turns the probes on. Run does it too; a caller that lets a gated
+// target exec must call On first, synchronously: the exec tracepoint only
+// turns a gated process into a traced one while tracing is on, so a target
+// that won the race against Run's goroutine stayed gated for its whole
+// run, its locks seen by the uprobes but its exec and memory syscalls
+// never counted.
 func (t *Tracer) On() error {
 	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
 		return fmt.Errorf("turning tracing on: %w", err)
