@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -248,6 +249,7 @@ var _ = fmt.Sprint
 func TestHookContext(t *testing.T) {
 	requireBPF(t)
 	prog := buildC(t, "hookctx")
+	ids := map[string]string{}
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
 			extra := []string{"--mode", mode}
@@ -291,8 +293,24 @@ func TestHookContext(t *testing.T) {
 			if hl := ofKind(quiet, "hook-lock", "info"); len(hl) != 1 || !sameSet(hl[0].Locks, []string{"hook_lock (hookctx)"}) {
 				t.Errorf("consistent: want the hook-lock info on hook_lock (hookctx), got %v", quiet)
 			}
+			ids[mode] = findingIDs(self, cross, quiet)
 		})
 	}
+	if ids["aggregate"] != ids["full"] {
+		t.Errorf("the modes disagree:\naggregate %s\nfull      %s", ids["aggregate"], ids["full"])
+	}
+}
+
+// findingIDs lists the findings' IDs, sorted, for comparing two runs.
+func findingIDs(runs ...[]finding) string {
+	var out []string
+	for _, fs := range runs {
+		for _, f := range fs {
+			out = append(out, f.ID)
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
 }
 
 // TestGuardedCycle: cache_lock and stats_lock inverted by two threads,
@@ -303,6 +321,7 @@ func TestGuardedCycle(t *testing.T) {
 	requireBPF(t)
 	prog := buildC(t, "gated")
 	locks := []string{"cache_lock (gated)", "stats_lock (gated)"}
+	ids := map[string]string{}
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
 			extra := []string{"--mode", mode}
@@ -329,6 +348,10 @@ func TestGuardedCycle(t *testing.T) {
 			if len(es) != 1 || !sameSet(es[0].Locks, locks) || es[0].Gate != "" {
 				t.Fatalf("skip: want one error on cache_lock and stats_lock with no gate, got %v", skip)
 			}
+			ids[mode] = findingIDs(guarded, skip)
 		})
+	}
+	if ids["aggregate"] != ids["full"] {
+		t.Errorf("the modes disagree:\naggregate %s\nfull      %s", ids["aggregate"], ids["full"])
 	}
 }
