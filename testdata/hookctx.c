@@ -7,6 +7,8 @@
  * other: the run never hangs.
  *   self        the main thread holds hook_lock around a malloc: had that
  *               malloc made a heap, the hook would wait for its own thread.
+ *   recursive   as self, with hook_lock a recursive mutex: the hook would
+ *               run inside hook_lock's critical section instead.
  *   cross       the main thread holds cfg_lock around a malloc (cfg_lock ->
  *               hook_lock through the hook); another thread takes hook_lock,
  *               then cfg_lock.
@@ -100,11 +102,17 @@ static void *order_thread(void *arg)
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "self";
+	if (strcmp(mode, "recursive") == 0) {
+		pthread_mutexattr_t attr;
+		pthread_mutexattr_init(&attr);
+		pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+		pthread_mutex_init(&hook_lock, &attr);
+	}
 	patch((void *)munmap, (void *)munmap_hook);
 	pthread_t t;
 	pthread_create(&t, NULL, arena_thread, NULL);
 	pthread_join(t, NULL);
-	if (strcmp(mode, "self") == 0) {
+	if (strcmp(mode, "self") == 0 || strcmp(mode, "recursive") == 0) {
 		alloc_under(&hook_lock);
 	} else {
 		alloc_under(&cfg_lock);

@@ -242,6 +242,7 @@ var _ = fmt.Sprint
 //   - self: another malloc is called with hook_lock held: a self-deadlock
 //     hazard (error) showing the allocator call under the lock and the
 //     hook's stack through _int_new_arena;
+//   - recursive: the same with hook_lock recursive: a warning;
 //   - cross: cfg_lock is held around malloc, another thread takes
 //     hook_lock then cfg_lock: a cycle through the hook (error);
 //   - consistent: the other thread takes cfg_lock then hook_lock, the
@@ -269,6 +270,12 @@ func TestHookContext(t *testing.T) {
 				t.Errorf("self: the hook-lock info is superseded by the hazard: %v", self)
 			}
 
+			rec := traceFindings(t, extra, prog, "recursive")
+			if rs := ofKind(rec, "hook-lock", "warning"); len(rs) != 1 || !sameSet(rs[0].Locks, []string{"hook_lock (hookctx)"}) ||
+				len(ofKind(rec, "self-deadlock", "error")) != 0 {
+				t.Errorf("recursive: want one hook-lock warning on hook_lock (hookctx) and no error, got %v", rec)
+			}
+
 			cross := traceFindings(t, extra, prog, "cross")
 			cs := ofKind(cross, "lock-order-cycle", "error")
 			if len(cs) != 1 || !sameSet(cs[0].Locks, []string{"hook_lock (hookctx)", "cfg_lock (hookctx)"}) ||
@@ -293,7 +300,7 @@ func TestHookContext(t *testing.T) {
 			if hl := ofKind(quiet, "hook-lock", "info"); len(hl) != 1 || !sameSet(hl[0].Locks, []string{"hook_lock (hookctx)"}) {
 				t.Errorf("consistent: want the hook-lock info on hook_lock (hookctx), got %v", quiet)
 			}
-			ids[mode] = findingIDs(self, cross, quiet)
+			ids[mode] = findingIDs(self, rec, cross, quiet)
 		})
 	}
 	if ids["aggregate"] != ids["full"] {
