@@ -94,7 +94,10 @@
 //     hook's stack, and the glibc path that connects them;
 //   - L == M, recursive (or error-checking, or a rwlock whose writer
 //     glibc detects): a hook-lock warning; a read held and a recursive
-//     read in the hook: nothing;
+//     read in the hook: nothing. A warning too when the hook's syscall was
+//     seen running inside an allocator call made with L held and no hook
+//     took L again: the hook re-enters L through a recursive wrapper over a
+//     pthread lock (UCX's spinlock), or takes it only on some paths;
 //   - L != M: the dependency joins the graph; a cycle through it is a
 //     lock-order cycle (error) whose hook edge says which allocator call,
 //     which hook and which glibc path. A direct sighting of L → M replaces

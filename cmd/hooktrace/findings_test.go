@@ -243,6 +243,9 @@ var _ = fmt.Sprint
 //     hazard (error) showing the allocator call under the lock and the
 //     hook's stack through _int_new_arena;
 //   - recursive: the same with hook_lock recursive: a warning;
+//   - wrapper: UCX's pattern, a recursive wrapper over a pthread spinlock
+//     held around a free whose munmap runs the hook (which re-enters
+//     through the wrapper, calling no lock): warnings, no error;
 //   - cross: cfg_lock is held around malloc, another thread takes
 //     hook_lock then cfg_lock: a cycle through the hook (error);
 //   - consistent: the other thread takes cfg_lock then hook_lock, the
@@ -300,7 +303,19 @@ func TestHookContext(t *testing.T) {
 			if hl := ofKind(quiet, "hook-lock", "info"); len(hl) != 1 || !sameSet(hl[0].Locks, []string{"hook_lock (hookctx)"}) {
 				t.Errorf("consistent: want the hook-lock info on hook_lock (hookctx), got %v", quiet)
 			}
-			ids[mode] = findingIDs(self, rec, cross, quiet)
+			wrap := traceFindings(t, extra, prog, "wrapper")
+			ws := ofKind(wrap, "hook-lock", "warning")
+			if len(ofKind(wrap, "self-deadlock", "error")) != 0 || len(ws) == 0 {
+				t.Fatalf("wrapper: want hook-lock warnings and no self-deadlock error, got %v", wrap)
+			}
+			for _, f := range ws {
+				if !sameSet(f.Locks, []string{"wrap_lock (hookctx)"}) || !strings.Contains(f.Title, "may re-enter") ||
+					!f.edgeStackHas(1, "pthread_spin_lock", "rlock_lock", "munmap_hook_wrapped") {
+					t.Errorf("wrapper: want the hook's re-entry of wrap_lock (hookctx) through rlock_lock:\n%v", f)
+				}
+			}
+
+			ids[mode] = findingIDs(self, rec, wrap, cross, quiet)
 		})
 	}
 	if ids["aggregate"] != ids["full"] {
