@@ -177,6 +177,7 @@ func (a *Analyzer) memSyscall(t *thread, e *events.Event, inAlloc bool) {
 	}
 	if inAlloc {
 		c := t.proc.hookContext()
+		t.passedUnder(c, e.Op)
 		for _, h := range t.hook.takes {
 			if h.via == "" {
 				h.via = e.Op.String()

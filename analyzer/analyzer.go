@@ -201,6 +201,9 @@ func (a *Analyzer) event(e *events.Event) {
 		// decide: a tracer may not mark them.)
 		t.hook.reset()
 	}
+	if !inAlloc && len(t.allocUnder) > 0 && !op.IsUnlock() {
+		t.allocUnder, t.retook = t.allocUnder[:0], t.retook[:0]
+	}
 	if e.Flags&events.FlagInAlloc != 0 {
 		// Another allocator call, even with no event outside between.
 		if _, call := e.InAllocCall(); call != t.hook.call {

@@ -260,7 +260,7 @@ func wantAction(n *naming, st cycleStep) string {
 	to := n.of(st.edge.to)
 	switch {
 	case s.link != nil:
-		return s.allocOp.String() + "() runs the " + hookName(s.via) + ": " + lockVerb(s.op, s.read) + "(" + to + ")"
+		return s.allocOp.String() + "() runs the " + hookName(s.link.take.via) + ": " + lockVerb(s.op, s.read) + "(" + to + ")"
 	case st.edge.to.typ == typeArena:
 		return s.op.String() + "(): lock(" + to + ")"
 	case st.edge.from.typ == typeArena:

@@ -89,17 +89,21 @@
 // seen taking lock M inside an allocator call, every allocator call that
 // can make the syscall the hook wraps, made while holding L, may run the
 // hook, so L → M "through the hook", whether or not the allocator holds a
-// lock of its own on that path. The hook's call is its own stack's libc
-// wrapper or a hook function named after it, else the first memory
-// syscall of the allocator call after the hook's lock (a patched entry
-// runs the hook, then the real call), else a probed hook function; when
-// none names a syscall, every entry point counts.
+// lock of its own on that path. The hook's call is named by its own
+// stack (a libc wrapper, or a hook function named after the call), else by
+// the first memory syscall of the allocator call after the hook's lock (a
+// patched entry runs the hook, then the real call; an mmap made before it,
+// as alloc_new_heap does, is not it); a hook known only as a probed
+// function, or not named at all, may be reached from every entry point.
 //   - L == M, non-recursive: a self-deadlock hazard (error), from a run
 //     that did not hang, with the stack of the allocator call under L, the
 //     hook's stack, and the glibc path that connects them;
 //   - L == M, recursive (or error-checking, or a rwlock whose writer
 //     glibc detects): a hook-lock warning; a read held and a recursive
-//     read in the hook: nothing;
+//     read in the hook: nothing. A warning too when the hook's syscall was
+//     seen running inside an allocator call made with L held and no hook
+//     took L again: the hook re-enters L through a recursive wrapper over a
+//     pthread lock (UCX's spinlock), or takes it only on some paths;
 //   - L != M: the dependency joins the graph; a cycle through it is a
 //     lock-order cycle (error) whose hook edge says which allocator call,
 //     which hook and which glibc path. A direct sighting of L → M replaces

@@ -73,6 +73,16 @@ type hookCtx struct {
 	// seen[entry][syscall]: the allocator was seen making the syscall
 	// inside that entry point (what a non-glibc allocator does).
 	seen map[events.Op]map[events.Op]bool
+	// passed[{lock, syscall}]: the syscall (so its hook) ran inside an
+	// allocator call made with the lock held, and no hook took the lock
+	// again: the hook re-enters it through a recursive wrapper (UCX's
+	// spinlock), or takes it only on some paths.
+	passed map[passKey]bool
+}
+
+type passKey struct {
+	inst int32
+	sys  events.Op
 }
 
 type underKey struct {
@@ -137,9 +147,10 @@ func (l *hookLink) path() string {
 func (p *proc) hookContext() *hookCtx {
 	if p.ctx == nil {
 		p.ctx = &hookCtx{
-			under: map[underKey]*underCall{},
-			takes: map[takeKey]*hookTake{},
-			seen:  map[events.Op]map[events.Op]bool{},
+			under:  map[underKey]*underCall{},
+			takes:  map[takeKey]*hookTake{},
+			seen:   map[events.Op]map[events.Op]bool{},
+			passed: map[passKey]bool{},
 		}
 	}
 	return p.ctx
@@ -196,6 +207,9 @@ func (a *Analyzer) underLock(t *thread, e *events.Event) {
 	c := t.proc.hookContext()
 	s := t.stream
 	for i := range t.held {
+		t.allocUnder = append(t.allocUnder, t.held[i].inst)
+	}
+	for i := range t.held {
 		h := &t.held[i]
 		k := underKey{h.inst.id, e.Op, h.read}
 		if c.under[k] != nil {
@@ -247,6 +261,28 @@ func (a *Analyzer) hookTook(t *thread, q acquisition, sg *sighting) {
 	for _, u := range c.unders {
 		a.hookLink(c, u, h)
 	}
+}
+
+// passedUnder records a memory syscall made inside an allocator call that
+// its thread made holding locks, for each of them no hook took again.
+func (t *thread) passedUnder(c *hookCtx, sys events.Op) {
+	for _, l := range t.allocUnder {
+		again := false
+		for _, r := range t.retook {
+			again = again || r == l
+		}
+		if !again {
+			c.passed[passKey{l.id, sys}] = true
+		}
+	}
+}
+
+// passedWithout reports whether the hook's syscall was seen running under
+// inst without the hook taking it. A hook whose call is unknown proves
+// nothing this way.
+func (c *hookCtx) passedWithout(inst *instance, via string) bool {
+	sys, ok := syscallOp(via)
+	return ok && c.passed[passKey{inst.id, sys}]
 }
 
 // sawSyscall records a memory syscall made inside an allocator entry.
@@ -353,6 +389,10 @@ func hookSelfVerdict(l *hookLink) (kind Kind, sev Severity, why string, ok bool)
 	word := "a non-recursive " + inst.typ.word()
 	if inst.typ == typeMutex {
 		word = "a normal (non-recursive) mutex"
+	}
+	if l.ctx.passedWithout(inst, h.via) {
+		return KindHookLock, SeverityWarning, word + " to pthreads, but the hook" + viaText(h.via) +
+			" was seen running inside an allocator call made with it held without taking it again: it re-enters it through a recursive wrapper (as UCX's spinlock does) or takes it only on some paths", true
 	}
 	return KindSelfDeadlock, SeverityError, word + ": the hook waits forever for the lock its own thread holds", true
 }

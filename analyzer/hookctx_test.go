@@ -72,6 +72,40 @@ func hookCtxCases() []ruleCase {
 			want: []want{{KindSelfDeadlock, SeverityError}},
 		},
 		{
+			// UCX's pattern: the lock is a recursive wrapper over a pthread
+			// spinlock or mutex. The hook's munmap was seen running inside
+			// a free made with the lock held, and the hook did not call
+			// the lock again: it re-enters through the wrapper.
+			name: "same lock, the hook seen passing under it without re-taking it: warning",
+			build: func(b *tracebuild.Trace) {
+				hookInMalloc(b, 2, vma, events.MutexNormal)
+				b.LockKind(1, vma, events.MutexNormal, "pthread_mutex_lock"+libc, "wrapper_lock", "unregister_all")
+				b.Alloc(1, events.OpFree, 0x7f6000000010, 1<<22, "free"+libc, "unregister_all")
+				b.InAlloc(1, events.OpMunmap, 0x7f6000000000, events.OpFree, "_intercept_munmap"+rcache, "munmap_chunk"+libc, "free"+libc, "unregister_all")
+				b.Unlock(1, vma)
+				mallocUnder(b, 1, vma, events.MutexNormal, events.OpMalloc)
+			},
+			// One per allocator entry held around: free, malloc.
+			want: []want{{KindHookLock, SeverityWarning}, {KindHookLock, SeverityWarning}},
+			check: func(t *testing.T, res *Result) {
+				if !strings.Contains(res.Findings[0].Detail, "recursive wrapper") {
+					t.Errorf("detail %s", res.Findings[0].Detail)
+				}
+			},
+		},
+		{
+			// The same, but the syscall that passed is not the hook's.
+			name: "same lock, another syscall passing under it proves nothing",
+			build: func(b *tracebuild.Trace) {
+				hookInMalloc(b, 2, vma, events.MutexNormal)
+				b.LockKind(1, vma, events.MutexNormal, "pthread_mutex_lock"+libc, "register_node")
+				b.Alloc(1, events.OpMalloc, 0, 1<<16, "malloc"+libc, "register_node")
+				b.InAlloc(1, events.OpBrk, 0, events.OpMalloc, "brk"+libc, "sysmalloc"+libc, "malloc"+libc, "register_node")
+				b.Unlock(1, vma)
+			},
+			want: []want{{KindSelfDeadlock, SeverityError}},
+		},
+		{
 			name: "same lock, recursive: warning",
 			build: func(b *tracebuild.Trace) {
 				hookInMalloc(b, 2, vma, events.MutexRecursive)

@@ -79,6 +79,11 @@ type thread struct {
 	// In an attach, the lock addresses the thread was seen taking: an
 	// unlock of any other may release a lock taken before the attach.
 	took map[uint64]bool
+
+	// The locks held around the thread's current allocator call, and
+	// those a hook took again inside it.
+	allocUnder []*instance
+	retook     []*instance
 }
 
 type activeProbe struct {
@@ -196,6 +201,9 @@ func (a *Analyzer) take(t *thread, q acquisition) {
 	if !inst.used {
 		inst.used = true
 		inst.firstStack = t.stream.stack(q.e.Stack)
+	}
+	if q.inAlloc && len(t.allocUnder) > 0 {
+		t.retook = append(t.retook, inst)
 	}
 	if i := t.findHeld(q.addr); i >= 0 {
 		a.retake(t, i, q)

@@ -7,6 +7,12 @@
  * other: the run never hangs.
  *   self        the main thread holds hook_lock around a malloc: had that
  *               malloc made a heap, the hook would wait for its own thread.
+ *   recursive   as self, with hook_lock a recursive mutex: the hook would
+ *               run inside hook_lock's critical section instead.
+ *   wrapper     UCX's pattern: the hook takes a recursive wrapper (owner
+ *               and count) over a pthread spinlock. The main thread holds
+ *               it around a free that unmaps, so the hook runs under it and
+ *               re-enters through the wrapper, and around a malloc.
  *   cross       the main thread holds cfg_lock around a malloc (cfg_lock ->
  *               hook_lock through the hook); another thread takes hook_lock,
  *               then cfg_lock.
@@ -33,6 +39,57 @@ __attribute__((noinline)) int munmap_hook(void *addr, size_t len)
 	unmaps++;
 	pthread_mutex_unlock(&hook_lock);
 	return syscall(SYS_munmap, addr, len);
+}
+
+/* A recursive lock over a pthread spinlock, as UCX's: only the first
+ * level calls pthread_spin_lock. */
+struct rlock {
+	pthread_spinlock_t spin;
+	pthread_t owner;
+	int count;
+};
+/* Unlocked, as pthread_spin_init leaves it on x86-64 (1: the lock is
+ * "lock decl" to zero). Not pthread_spin_init itself: in glibc 2.36 it is
+ * the same code as pthread_spin_unlock, and traced as an unlock. */
+static struct rlock wrap_lock = {.spin = 1};
+
+__attribute__((noinline)) void rlock_lock(struct rlock *l)
+{
+	if (l->count > 0 && pthread_equal(l->owner, pthread_self())) {
+		l->count++;
+		return;
+	}
+	pthread_spin_lock(&l->spin);
+	l->owner = pthread_self();
+	l->count = 1;
+}
+
+__attribute__((noinline)) void rlock_unlock(struct rlock *l)
+{
+	if (--l->count == 0)
+		pthread_spin_unlock(&l->spin);
+}
+
+__attribute__((noinline)) int munmap_hook_wrapped(void *addr, size_t len)
+{
+	rlock_lock(&wrap_lock);
+	unmaps++;
+	rlock_unlock(&wrap_lock);
+	return syscall(SYS_munmap, addr, len);
+}
+
+/* Under the wrapper: a free that unmaps (the hook runs and re-enters),
+ * then a malloc. */
+__attribute__((noinline)) void under_wrapper(void)
+{
+	void *big = malloc(4 << 20); /* above the mmap threshold */
+	keep = big;
+	rlock_lock(&wrap_lock);
+	free(big);
+	void *node = malloc(48);
+	keep = node;
+	rlock_unlock(&wrap_lock);
+	free(node);
 }
 
 /* Overwrites fn's first 13 bytes with movabs $hook,%r11; jmp *%r11. */
@@ -100,11 +157,20 @@ static void *order_thread(void *arg)
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "self";
-	patch((void *)munmap, (void *)munmap_hook);
+	if (strcmp(mode, "recursive") == 0) {
+		pthread_mutexattr_t attr;
+		pthread_mutexattr_init(&attr);
+		pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+		pthread_mutex_init(&hook_lock, &attr);
+	}
+	int wrapper = strcmp(mode, "wrapper") == 0;
+	patch((void *)munmap, wrapper ? (void *)munmap_hook_wrapped : (void *)munmap_hook);
 	pthread_t t;
 	pthread_create(&t, NULL, arena_thread, NULL);
 	pthread_join(t, NULL);
-	if (strcmp(mode, "self") == 0) {
+	if (wrapper) {
+		under_wrapper();
+	} else if (strcmp(mode, "self") == 0 || strcmp(mode, "recursive") == 0) {
 		alloc_under(&hook_lock);
 	} else {
 		alloc_under(&cfg_lock);

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 	"testing"
 
@@ -243,6 +244,10 @@ var _ = fmt.Sprint
 //   - self: another malloc is called with hook_lock held: a self-deadlock
 //     hazard (error) showing the allocator call under the lock and the
 //     hook's stack through _int_new_arena;
+//   - recursive: the same with hook_lock recursive: a warning;
+//   - wrapper: UCX's pattern, a recursive wrapper over a pthread spinlock
+//     held around a free whose munmap runs the hook (which re-enters
+//     through the wrapper, calling no lock): warnings, no error;
 //   - cross: cfg_lock is held around malloc, another thread takes
 //     hook_lock then cfg_lock: a cycle through the hook (error);
 //   - consistent: the other thread takes cfg_lock then hook_lock, the
@@ -250,6 +255,7 @@ var _ = fmt.Sprint
 func TestHookContext(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "hookctx")
+	ids := map[string]string{}
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
 			extra := []string{"--mode", mode}
@@ -267,6 +273,12 @@ func TestHookContext(t *testing.T) {
 			}
 			if len(ofKind(self, "hook-lock", "info")) != 0 {
 				t.Errorf("self: the hook-lock info is superseded by the hazard: %v", self)
+			}
+
+			rec := traceFindings(t, extra, prog, "recursive")
+			if rs := ofKind(rec, "hook-lock", "warning"); len(rs) != 1 || !sameSet(rs[0].Locks, []string{"hook_lock (hookctx)"}) ||
+				len(ofKind(rec, "self-deadlock", "error")) != 0 {
+				t.Errorf("recursive: want one hook-lock warning on hook_lock (hookctx) and no error, got %v", rec)
 			}
 
 			cross := traceFindings(t, extra, prog, "cross")
@@ -293,8 +305,36 @@ func TestHookContext(t *testing.T) {
 			if hl := ofKind(quiet, "hook-lock", "info"); len(hl) != 1 || !sameSet(hl[0].Locks, []string{"hook_lock (hookctx)"}) {
 				t.Errorf("consistent: want the hook-lock info on hook_lock (hookctx), got %v", quiet)
 			}
+			wrap := traceFindings(t, extra, prog, "wrapper")
+			ws := ofKind(wrap, "hook-lock", "warning")
+			if len(ofKind(wrap, "self-deadlock", "error")) != 0 || len(ws) == 0 {
+				t.Fatalf("wrapper: want hook-lock warnings and no self-deadlock error, got %v", wrap)
+			}
+			for _, f := range ws {
+				if !sameSet(f.Locks, []string{"wrap_lock (hookctx)"}) || !strings.Contains(f.Title, "may re-enter") ||
+					!f.edgeStackHas(1, "pthread_spin_lock", "rlock_lock", "munmap_hook_wrapped") {
+					t.Errorf("wrapper: want the hook's re-entry of wrap_lock (hookctx) through rlock_lock:\n%v", f)
+				}
+			}
+
+			ids[mode] = findingIDs(self, rec, wrap, cross, quiet)
 		})
 	}
+	if ids["aggregate"] != ids["full"] {
+		t.Errorf("the modes disagree:\naggregate %s\nfull      %s", ids["aggregate"], ids["full"])
+	}
+}
+
+// findingIDs lists the findings' IDs, sorted, for comparing two runs.
+func findingIDs(runs ...[]finding) string {
+	var out []string
+	for _, fs := range runs {
+		for _, f := range fs {
+			out = append(out, f.ID)
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
 }
 
 // TestGuardedCycle: cache_lock and stats_lock inverted by two threads,
@@ -305,6 +345,7 @@ func TestGuardedCycle(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "gated")
 	locks := []string{"cache_lock (gated)", "stats_lock (gated)"}
+	ids := map[string]string{}
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
 			extra := []string{"--mode", mode}
@@ -331,6 +372,10 @@ func TestGuardedCycle(t *testing.T) {
 			if len(es) != 1 || !sameSet(es[0].Locks, locks) || es[0].Gate != "" {
 				t.Fatalf("skip: want one error on cache_lock and stats_lock with no gate, got %v", skip)
 			}
+			ids[mode] = findingIDs(guarded, skip)
 		})
+	}
+	if ids["aggregate"] != ids["full"] {
+		t.Errorf("the modes disagree:\naggregate %s\nfull      %s", ids["aggregate"], ids["full"])
 	}
 }
