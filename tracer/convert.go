@@ -98,6 +98,11 @@ func (c *converter) watch(pid uint32) *procState {
 			sym = old.sym
 		}
 	}
+	return c.start(pid, sym, alloc)
+}
+
+// start records a fresh procState for pid.
+func (c *converter) start(pid uint32, sym *symbolize.Symbolizer, alloc *allocRange) *procState {
 	p := &procState{
 		sym:        sym,
 		alloc:      alloc,
@@ -111,6 +116,12 @@ func (c *converter) watch(pid uint32) *procState {
 	c.procs[pid] = p
 	c.mu.Unlock()
 	return p
+}
+
+// watchChild starts on pid, a child p's process forked, from p's mappings
+// and allocator: the child may be gone before its own maps are read.
+func (c *converter) watchChild(pid uint32, p *procState) {
+	c.start(pid, p.sym.Fork(int(pid)), p.alloc)
 }
 
 // refreshMaps reads pid's mappings while pid is held at its exec or exit
@@ -193,7 +204,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
 		if _, ok := c.procs[uint32(r.Addr)]; !ok {
-			c.watch(uint32(r.Addr)).alloc = p.alloc
+			c.watchChild(uint32(r.Addr), p)
 			if c.onFork != nil {
 				c.onFork(uint32(r.Addr))
 			}
