@@ -121,6 +121,11 @@ func (c *converter) watchLocked(pid uint32) *procState {
 			sym = old.sym
 		}
 	}
+	return c.start(pid, sym)
+}
+
+// start records a fresh procState for pid.
+func (c *converter) start(pid uint32, sym *symbolize.Symbolizer) *procState {
 	p := &procState{
 		sym:     sym,
 		stacks:  map[uint64]uint32{},
@@ -159,13 +164,15 @@ func (c *converter) proc(pid uint32) *procState {
 // child starts watching a forked child with its parent's allocator,
 // unless the gate's placement got there first. It says whether the child
 // is new.
-func (c *converter) child(pid uint32, alloc *allocRange) bool {
+func (c *converter) child(pid uint32, parent *procState, alloc *allocRange) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.procs[pid]; ok {
 		return false
 	}
-	c.watchLocked(pid)
+	// From its parent's mappings: a short-lived child may be gone before
+	// its maps are read.
+	c.start(pid, parent.sym.Fork(int(pid)))
 	c.allocs[pid] = alloc
 	return true
 }
@@ -237,7 +244,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 		delete(p.locks, r.Addr)
 	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
-		if c.child(uint32(r.Addr), c.allocator(r.Pid)) {
+		if c.child(uint32(r.Addr), p, c.allocator(r.Pid)) {
 			if c.onFork != nil {
 				c.onFork(uint32(r.Addr))
 			}

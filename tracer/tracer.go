@@ -210,6 +210,13 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
 		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
 	}
+	// On from here, not only once Run's goroutine gets to it: run opens
+	// the gate right after starting Run, and a target that exec'd before
+	// tracing was on stayed gated, its exec and syscalls unseen. The ring
+	// keeps what comes before Run reads it.
+	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
+		return fmt.Errorf("turning tracing on: %w", err)
+	}
 	return t.place(pid, exe)
 }
 

@@ -3,6 +3,7 @@ package symbolize
 import (
 	"fmt"
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
@@ -84,5 +85,29 @@ func TestRefreshAfterExec(t *testing.T) {
 	}
 	if f := s.Frame(tg.addrs["target_fn"]); f.Function != "target_fn" || f.Object != prog {
 		t.Errorf("after exec: Frame(target_fn) = %+v", f)
+	}
+}
+
+// A forked child starts with its parent's mappings: one gone before it is
+// looked at still symbolizes the code it shared with its parent.
+func TestForkKeepsParentMappings(t *testing.T) {
+	prog := progBuild.path(t)
+	tg := startTarget(t, prog)
+	s := New(tg.pid())
+	// A process that has exited and been reaped stands for a child that
+	// was gone before its maps were read.
+	done := exec.Command("true")
+	if err := done.Run(); err != nil {
+		t.Fatal(err)
+	}
+	c := s.Fork(done.Process.Pid)
+	if f := c.Frame(tg.addrs["target_fn"]); f.Function != "target_fn" || f.Object != prog {
+		t.Errorf("gone child: Frame(target_fn) = %+v", f)
+	}
+	if name, ok := c.Data(tg.addrs["vma_lock"]); name != "vma_lock (prog)" || !ok {
+		t.Errorf("gone child: Data(vma_lock) = %q, %v", name, ok)
+	}
+	if err := c.Refresh(); err == nil {
+		t.Error("Refresh of a gone child succeeded")
 	}
 }

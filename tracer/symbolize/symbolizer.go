@@ -83,6 +83,26 @@ func New(pid int) *Symbolizer {
 	return s
 }
 
+// Fork returns a Symbolizer for pid, a child that s's process forked. The
+// child's address space starts as a copy of its parent's, so it starts
+// from s's snapshot, then reads its own mappings: a child gone (or
+// already exec'ing) before it is looked at still symbolizes what it ran
+// between its fork and its end.
+func (s *Symbolizer) Fork(pid int) *Symbolizer {
+	c := &Symbolizer{pid: pid, files: map[fileID]*Object{}}
+	s.mu.Lock()
+	c.maps = append(Maps(nil), s.maps...)
+	c.bound = append([]binding(nil), s.bound...)
+	for id, o := range s.files {
+		c.files[id] = o
+	}
+	s.mu.Unlock()
+	c.mu.Lock()
+	_ = c.refresh()
+	c.mu.Unlock()
+	return c
+}
+
 // Refresh re-reads the process's mappings. After the process has exited it
 // keeps the last snapshot and returns an error.
 func (s *Symbolizer) Refresh() error {
