@@ -86,7 +86,7 @@ static int spininit(void)
 		pthread_spin_init(&locks[i], PTHREAD_PROCESS_PRIVATE);
 	for (int i = 0; i < 1000; i++)
 		pthread_spin_destroy(&locks[i]);
-	free(locks);
+	free((void *)locks); /* pthread_spinlock_t is volatile int */
 	return 0;
 }
 
