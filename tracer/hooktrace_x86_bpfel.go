@@ -79,6 +79,7 @@ const (
 	hooktraceLimitsSAMPLE_BYTES hooktraceLimits = 8192
 	hooktraceLimitsSCAN_SLOTS   hooktraceLimits = 512
 	hooktraceLimitsMAX_HELD     hooktraceLimits = 8
+	hooktraceLimitsFREE_PAGES   hooktraceLimits = 4
 )
 
 type hooktraceOp uint32
@@ -130,6 +131,13 @@ const (
 	hooktraceOpOP_SPIN_DESTROY       hooktraceOp = 44
 	hooktraceOpOP_COUNT              hooktraceOp = 45
 )
+
+type hooktracePageKey struct {
+	_    structs.HostLayout
+	Pid  uint32
+	Pad  uint32
+	Page uint64
+}
 
 type hooktraceRecType uint32
 
@@ -262,6 +270,7 @@ type hooktraceMapSpecs struct {
 	AllocRanges *ebpf.MapSpec `ebpf:"alloc_ranges"`
 	Calls       *ebpf.MapSpec `ebpf:"calls"`
 	FloorHits   *ebpf.MapSpec `ebpf:"floor_hits"`
+	LockPages   *ebpf.MapSpec `ebpf:"lock_pages"`
 	Lost        *ebpf.MapSpec `ebpf:"lost"`
 	Ring        *ebpf.MapSpec `ebpf:"ring"`
 	ScratchMap  *ebpf.MapSpec `ebpf:"scratch_map"`
@@ -315,6 +324,7 @@ type hooktraceMaps struct {
 	AllocRanges *ebpf.Map `ebpf:"alloc_ranges"`
 	Calls       *ebpf.Map `ebpf:"calls"`
 	FloorHits   *ebpf.Map `ebpf:"floor_hits"`
+	LockPages   *ebpf.Map `ebpf:"lock_pages"`
 	Lost        *ebpf.Map `ebpf:"lost"`
 	Ring        *ebpf.Map `ebpf:"ring"`
 	ScratchMap  *ebpf.Map `ebpf:"scratch_map"`
@@ -329,6 +339,7 @@ func (m *hooktraceMaps) Close() error {
 		m.AllocRanges,
 		m.Calls,
 		m.FloorHits,
+		m.LockPages,
 		m.Lost,
 		m.Ring,
 		m.ScratchMap,
