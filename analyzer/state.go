@@ -170,7 +170,8 @@ func (a *Analyzer) acquire(t *thread, e *events.Event, inAlloc bool) {
 		inst.recursive = events.MutexKind(e.Arg&3) == events.MutexRecursive
 		inst.errorCheck = events.MutexKind(e.Arg&3) == events.MutexErrorCheck
 	} else if typ == typeRwlock {
-		inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive
+		// Set at init or by any call: a lifetime's preference is fixed.
+		inst.nonRecursiveReads = inst.nonRecursiveReads || e.Arg == rwlockPreferWriterNonrecursive
 	}
 	read := op.IsRead()
 	a.take(t, acquisition{

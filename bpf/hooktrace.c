@@ -23,14 +23,13 @@ const volatile __u32 want_samples = 1; /* raw stack samples inside allocator cal
  * without its unlock and make a thread look as if it held it forever. */
 volatile __u32 tracing_on = 0;
 
-/* Counts lock lifetimes ended (init, destroy, munmap, mremap, exec) in any
- * traced process; mixed into every chain-cache key. A lock re-made at an
- * address is a new lock to the analysis, and the patterns the old one was
- * in must be sent again for it. One global read is the hot path's whole
- * cost; the price is that every lifetime end makes each pattern of every
- * traced process new once. A lock freed without destroy is not covered:
- * frees with no lock held are not sent in aggregate mode, so the analysis
- * would not see that lifetime end either. */
+/* Counts lock lifetimes ended (init, destroy, munmap, mremap, exec, a free
+ * of a chunk on a page holding a lock) in any traced process; mixed into
+ * every chain-cache key. A lock re-made at an address is a new lock to the
+ * analysis, and the patterns the old one was in must be sent again for it.
+ * One global read is the acquisition hot path's whole cost; the price is
+ * that every lifetime end makes each pattern of every traced process new
+ * once. */
 volatile __u64 lock_epoch = 0;
 
 /* Processes being traced (tgid -> TRACED, or GATED for a child that has
@@ -103,6 +102,59 @@ struct {
 	__type(key, __u64);
 	__type(value, __u64);
 } seen_acq SEC(".maps");
+
+/* Pages that hold a lock the analysis was sent, by process: a free that
+ * covers one must be sent (and the chain cache emptied) even in aggregate
+ * mode, or a lock freed without destroy and re-made at its address (a
+ * zeroed mutex needs no init) would merge with the old one. Only sent
+ * acquisitions register their page, so the hot path pays nothing; an
+ * evicted page makes a later free of it go unsent, as before. */
+struct page_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 page;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct page_key);
+	__type(value, __u8);
+} lock_pages SEC(".maps");
+
+static __always_inline void lock_page_add(__u32 pid, __u64 lock)
+{
+	struct page_key k = {.pid = pid, .pad = 0, .page = lock >> 12};
+	__u8 one = 1;
+	bpf_map_update_elem(&lock_pages, &k, &one, BPF_ANY);
+}
+
+/* Whether freeing the chunk at p may end a lock's lifetime: a page it spans
+ * holds a lock, or it spans more pages than are checked. glibc's chunk
+ * header gives the size; a chunk glibc mmapped goes back with munmap, which
+ * is always sent. */
+static __always_inline int free_covers_lock(__u32 pid, __u64 p)
+{
+	__u64 sz = 0;
+	if (!p || bpf_probe_read_user(&sz, sizeof(sz), (void *)(p - 8)))
+		return 0;
+	if (sz & 2) /* IS_MMAPPED */
+		return 0;
+	sz &= ~7ULL;
+	if (sz < 16)
+		return 0;
+	__u64 first = p >> 12, last = (p + sz - 16) >> 12;
+	if (last - first >= FREE_PAGES)
+		return 1;
+	for (__u32 i = 0; i < FREE_PAGES; i++) {
+		if (first + i > last)
+			break;
+		struct page_key k = {.pid = pid, .pad = 0, .page = first + i};
+		if (bpf_map_lookup_elem(&lock_pages, &k))
+			return 1;
+	}
+	return 0;
+}
 
 /* Per-thread state in task-local storage: found from the task itself,
  * cheaper than a hash lookup by TID on every probe hit, and freed with the
@@ -763,10 +815,14 @@ int uprobe_hook(struct pt_regs *ctx)
 			bpf_probe_read_user(&st->alloc_ret, sizeof(st->alloc_ret), (void *)ret_slot);
 			st->alloc_op = op;
 		}
-		if (!full_mode && !nested && st->held <= 0)
+		int covers = 0;
+		if (!full_mode && !nested && op == OP_FREE &&
+		    (covers = free_covers_lock(pid, PT_REGS_PARM1(ctx))))
+			__sync_fetch_and_add(&lock_epoch, 1);
+		if (!full_mode && !nested && !covers && st->held <= 0)
 			return 0;
 		__u64 key = 0;
-		if (!nested && dedupable(st)) {
+		if (!nested && !covers && dedupable(st)) {
 			key = pattern_key(st, pid, op, 0, st->alloc_ret);
 			if (pattern_seen(st, key))
 				return 0;
@@ -903,6 +959,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
 		st->held++;
+		lock_page_add(id >> 32, lock);
 		if (key)
 			pattern_sent(st, key, e->stack);
 		return 0;
@@ -923,10 +980,12 @@ int uprobe_hook(struct pt_regs *ctx)
 	if (st->held > 0)
 		e->flags |= F_LOCKS_HELD;
 	/* Inits are sent with their stack: it names heap locks. */
-	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT)
+	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT) {
 		send_with_stack(ctx, e, ctx, ret_slot, st);
-	else
-		event_send(e);
+		lock_page_add(id >> 32, lock);
+		return 0;
+	}
+	event_send(e);
 	return 0;
 }
 
@@ -982,6 +1041,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 	if (e->flags & F_ACQUIRED) {
 		int cond = op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT;
 		held_push(st, cond ? e->addr2 : e->addr, cond ? OP_MUTEX_LOCK : op, e->arg, e->stack, e->time, 1);
+		lock_page_add(id >> 32, cond ? e->addr2 : e->addr);
 	}
 	return 0;
 }

@@ -14,6 +14,7 @@ enum limits {
 	SAMPLE_BYTES = 8192,
 	SCAN_SLOTS = 512, /* return-slot scan: 4 KiB of stack */
 	MAX_HELD = 8,     /* locks a thread's state tracks one by one */
+	FREE_PAGES = 4,   /* pages of a freed chunk checked for locks, one by one */
 };
 
 /* Record types at the start of every ring-buffer record. */

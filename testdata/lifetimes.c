@@ -3,7 +3,10 @@
  *   spin, rwlock:  a -> b; destroy and free both; two new locks c, d land at
  *                  b's and a's addresses; c -> d. No cycle: b's and a's
  *                  addresses are taken in both orders, but by different locks.
- *   spin-same, rwlock-same: the same locks taken b -> a afterwards: a cycle.
+ *   zeroed:        the same with mutexes that are zeroed memory, never
+ *                  initialised or destroyed: only the free ends them.
+ *   spin-same, rwlock-same, zeroed-same: the same locks taken b -> a
+ *                  afterwards: a cycle.
  *   spininit:      only pthread_spin_init/destroy, never a lock or unlock.
  *   writer, reader: one thread read-locks a rwlock twice; writer's prefers
  *                  writers (PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP).
@@ -36,8 +39,14 @@ static void rw_destroy(void *l) { pthread_rwlock_destroy(l); }
 static void rw_lock(void *l) { pthread_rwlock_wrlock(l); }
 static void rw_unlock(void *l) { pthread_rwlock_unlock(l); }
 
+static void zero_init(void *l) { memset(l, 0, sizeof(pthread_mutex_t)); }
+static void no_destroy(void *l) { (void)l; }
+static void mutex_lock(void *l) { pthread_mutex_lock(l); }
+static void mutex_unlock(void *l) { pthread_mutex_unlock(l); }
+
 static const struct kind spin = {sizeof(pthread_spinlock_t), spin_init, spin_destroy, spin_lock, spin_unlock};
 static const struct kind rwlock = {sizeof(pthread_rwlock_t), rw_init, rw_destroy, rw_lock, rw_unlock};
+static const struct kind zeroed = {sizeof(pthread_mutex_t), zero_init, no_destroy, mutex_lock, mutex_unlock};
 
 __attribute__((noinline)) static void take_in_order(const struct kind *k, void *first, void *second)
 {
@@ -86,7 +95,7 @@ static int spininit(void)
 		pthread_spin_init(&locks[i], PTHREAD_PROCESS_PRIVATE);
 	for (int i = 0; i < 1000; i++)
 		pthread_spin_destroy(&locks[i]);
-	free(locks);
+	free((void *)locks); /* pthread_spinlock_t is volatile int */
 	return 0;
 }
 
@@ -145,12 +154,14 @@ int main(int argc, char **argv)
 		return reuse(&spin, mode[4] == '-');
 	if (!strcmp(mode, "rwlock") || !strcmp(mode, "rwlock-same"))
 		return reuse(&rwlock, mode[6] == '-');
+	if (!strcmp(mode, "zeroed") || !strcmp(mode, "zeroed-same"))
+		return reuse(&zeroed, mode[6] == '-');
 	if (!strcmp(mode, "spininit"))
 		return spininit();
 	if (!strcmp(mode, "writer") || !strcmp(mode, "reader"))
 		return reads(mode[0] == 'w');
 	if (!strcmp(mode, "remutex"))
 		return remutex();
-	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|spininit|writer|reader|remutex\n");
+	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex\n");
 	return 2;
 }

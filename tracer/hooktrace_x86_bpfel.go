@@ -79,6 +79,7 @@ const (
 	hooktraceLimitsSAMPLE_BYTES hooktraceLimits = 8192
 	hooktraceLimitsSCAN_SLOTS   hooktraceLimits = 512
 	hooktraceLimitsMAX_HELD     hooktraceLimits = 8
+	hooktraceLimitsFREE_PAGES   hooktraceLimits = 4
 )
 
 type hooktraceOp uint32
@@ -130,6 +131,13 @@ const (
 	hooktraceOpOP_SPIN_DESTROY       hooktraceOp = 44
 	hooktraceOpOP_COUNT              hooktraceOp = 45
 )
+
+type hooktracePageKey struct {
+	_    structs.HostLayout
+	Pid  uint32
+	Pad  uint32
+	Page uint64
+}
 
 type hooktraceRecType uint32
 
@@ -260,6 +268,7 @@ type hooktraceProgramSpecs struct {
 type hooktraceMapSpecs struct {
 	AllocRanges *ebpf.MapSpec `ebpf:"alloc_ranges"`
 	Calls       *ebpf.MapSpec `ebpf:"calls"`
+	LockPages   *ebpf.MapSpec `ebpf:"lock_pages"`
 	Lost        *ebpf.MapSpec `ebpf:"lost"`
 	Ring        *ebpf.MapSpec `ebpf:"ring"`
 	SampleBuf   *ebpf.MapSpec `ebpf:"sample_buf"`
@@ -314,6 +323,7 @@ func (o *hooktraceObjects) Close() error {
 type hooktraceMaps struct {
 	AllocRanges *ebpf.Map `ebpf:"alloc_ranges"`
 	Calls       *ebpf.Map `ebpf:"calls"`
+	LockPages   *ebpf.Map `ebpf:"lock_pages"`
 	Lost        *ebpf.Map `ebpf:"lost"`
 	Ring        *ebpf.Map `ebpf:"ring"`
 	SampleBuf   *ebpf.Map `ebpf:"sample_buf"`
@@ -329,6 +339,7 @@ func (m *hooktraceMaps) Close() error {
 	return _HooktraceClose(
 		m.AllocRanges,
 		m.Calls,
+		m.LockPages,
 		m.Lost,
 		m.Ring,
 		m.SampleBuf,

@@ -88,6 +88,7 @@ type Tracer struct {
 	// What was read from the ring: records and bytes, for the bench's
 	// bandwidth figures.
 	ringRecords, ringBytes atomic.Uint64
+	stopped                bool // Run is stopping: tracing stays off
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
@@ -210,14 +211,21 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
 		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
 	}
-	// On from here, not only once Run's goroutine gets to it: run opens
-	// the gate right after starting Run, and a target that exec'd before
-	// tracing was on stayed gated, its exec and syscalls unseen. The ring
-	// keeps what comes before Run reads it.
+	if err := t.place(pid, exe); err != nil {
+		return err
+	}
+	// Every probe of pid is placed: tracing can be on from here. Run turns
+	// it on too, but callers start Run on a goroutine and then release a
+	// gated target, which could otherwise run its first calls untraced.
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return nil
+	}
 	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
 		return fmt.Errorf("turning tracing on: %w", err)
 	}
-	return t.place(pid, exe)
+	return nil
 }
 
 // Exec places the probes pid's new image needs, called while pid is held
@@ -354,7 +362,10 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 		}
 		// Stop new events, then let the reader drain what is queued: after
 		// Flush, reads return what is in the ring, then ErrFlushed.
+		t.mu.Lock()
+		t.stopped = true
 		t.objs.TracingOn.Set(uint32(0))
+		t.mu.Unlock()
 		t.closeLinks()
 		t.rd.Flush()
 	}()
