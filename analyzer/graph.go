@@ -160,11 +160,12 @@ type cycleSearch struct {
 // findCycles returns, for every dependency on some deadlock-capable cycle,
 // a shortest such cycle through it, each distinct cycle once, up to
 // maxComponentCycles per component. Past that, with n given, it still
-// searches through each dependency between two classes that no reported
-// cycle joins yet, so a capped component hides no class-level dependency
-// on a cycle. Cost: Tarjan is linear; each BFS is bounded by its
+// searches through dependencies between two classes that no reported
+// cycle joins yet (up to maxComponentCycles more), so a capped component
+// hides no class-level dependency on a cycle unless it has more such
+// pairs than that. Cost: Tarjan is linear; each BFS is bounded by its
 // component and runs only for dependencies no earlier cycle covered, at
-// most maxComponentCycles times a component plus once per pair of classes.
+// most 2 × maxComponentCycles times a component.
 func (a *Analyzer) findCycles(n *naming) cycleSearch {
 	var res cycleSearch
 	// Compact the instances that have dependencies.
@@ -230,7 +231,8 @@ func (a *Analyzer) findCycles(n *naming) cycleSearch {
 			if covered[u][k] || c != comp[se.to] {
 				continue
 			}
-			if found[c] >= maxComponentCycles && (n == nil || joined[pairOf(se.step.edge)]) {
+			if found[c] >= maxComponentCycles &&
+				(n == nil || found[c] >= 2*maxComponentCycles || joined[pairOf(se.step.edge)]) {
 				capped = true
 				continue
 			}
