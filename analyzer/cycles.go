@@ -32,7 +32,7 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 	res := cycleResult{arenaEdges: map[*edge]bool{}}
 	groups := map[string]*cycleGroup{}
 	var order []*cycleGroup
-	search := a.findCycles()
+	search := a.findCycles(n)
 	for ci, cyc := range search.cycles {
 		keys := make([]string, len(cyc))
 		for i, st := range cyc {
@@ -192,8 +192,8 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	if g.omitted > 0 {
 		f.Unreported = g.omitted
 		d = append(d, "These locks are part of a strongly connected group of dependencies too large to search whole: "+
-			itoa(g.omitted)+" more dependencies in it lie on cycles not reported (the search stops after "+
-			itoa(maxComponentCycles)+" cycles per group). Fixing the reported cycles splits the group; analyze again to see the rest.")
+			itoa(g.omitted)+" more dependencies in it lie on cycles not reported (after "+
+			itoa(maxComponentCycles)+" cycles per group the search only looks for pairs of lock classes no reported cycle joins). Fixing the reported cycles splits the group; analyze again to see the rest.")
 	}
 	f.Detail = strings.Join(d, " ")
 	describeGate(n, &f, cyc)

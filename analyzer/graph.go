@@ -169,10 +169,14 @@ type cycleSearch struct {
 
 // findCycles returns, for every dependency on some deadlock-capable cycle,
 // a shortest such cycle through it, each distinct cycle once, up to
-// maxComponentCycles per component. Cost: Tarjan is linear; each BFS is
-// bounded by its component and runs only for dependencies no earlier
-// cycle covered, at most maxComponentCycles times a component.
-func (a *Analyzer) findCycles() cycleSearch {
+// maxComponentCycles per component. Past that, with n given, it still
+// searches through dependencies between two classes that no reported
+// cycle joins yet (up to maxComponentCycles more), so a capped component
+// hides no class-level dependency on a cycle unless it has more such
+// pairs than that. Cost: Tarjan is linear; each BFS is bounded by its
+// component and runs only for dependencies no earlier cycle covered, at
+// most 2 × maxComponentCycles times a component.
+func (a *Analyzer) findCycles(n *naming) cycleSearch {
 	var res cycleSearch
 	// Compact the instances that have dependencies.
 	index := map[int32]int32{}
@@ -225,6 +229,9 @@ func (a *Analyzer) findCycles() cycleSearch {
 		covered[u] = make([]bool, len(adj[u]))
 	}
 	found := map[int32]int{}
+	type classPair struct{ from, to string }
+	pairOf := func(ed *edge) classPair { return classPair{n.key(ed.from), n.key(ed.to)} }
+	joined := map[classPair]bool{} // class pairs on reported cycles
 	seenCycle := map[string]bool{}
 	bfs := newBFS(len(adj))
 	capped := false
@@ -234,7 +241,8 @@ func (a *Analyzer) findCycles() cycleSearch {
 			if covered[u][k] || c != comp[se.to] {
 				continue
 			}
-			if found[c] >= maxComponentCycles {
+			if found[c] >= maxComponentCycles &&
+				(n == nil || found[c] >= 2*maxComponentCycles || joined[pairOf(se.step.edge)]) {
 				capped = true
 				continue
 			}
@@ -248,6 +256,11 @@ func (a *Analyzer) findCycles() cycleSearch {
 			for _, p := range path {
 				covered[p.from][p.k] = true
 				steps = append(steps, adj[p.from][p.k].step)
+			}
+			if n != nil {
+				for _, st := range steps {
+					joined[pairOf(st.edge)] = true
+				}
 			}
 			steps = rotateCycle(steps)
 			key := cycleKey(steps)

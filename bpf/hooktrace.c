@@ -483,13 +483,27 @@ static __always_inline __u64 sample_key(struct thread_state *st, __u32 pid, __u3
  * returns its id (top bit set, which no frame-pointer stack hash has), or
  * 0. An event whose key was sampled before names that sample again: user
  * space keeps a sample's stack while the kernel may still name it. */
-static __always_inline __u64 take_sample(struct thread_state *st, __u32 pid, __u32 op, __u64 ip,
-					 __u64 sp, __u64 bp, __u64 ret_slot)
+/* Where a sample is taken: the registers and the probe's caller slot. */
+struct sample_at {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u64 ret_slot;
+	__u32 pid;
+	__u32 op;
+};
+
+/* A global function: the verifier checks it once, not at each of the
+ * probes' call sites (its loops made uprobe_hook's verification approach
+ * the one-million-instruction limit). */
+__attribute__((noinline)) __u64 take_sample(struct thread_state *st, struct sample_at *at)
 {
-	if (!want_samples)
+	if (!want_samples || !st || !at)
 		return 0;
+	__u32 pid = at->pid;
+	__u64 ip = at->ip, sp = at->sp, bp = at->bp;
 	__u64 until = st->alloc_sp;
-	__u64 key = sample_key(st, pid, op, ip, sp, ret_slot);
+	__u64 key = sample_key(st, pid, at->op, ip, sp, at->ret_slot);
 	if (key) {
 		__u64 *known = bpf_map_lookup_elem(&seen_samples, &key);
 		if (known)
@@ -767,9 +781,10 @@ static __always_inline int is_try_or_timed(__u32 op)
 static __always_inline void send_with_stack(void *ctx, struct event *e, struct pt_regs *regs,
 					    __u64 ret_slot, struct thread_state *st)
 {
-	if ((e->flags & F_IN_ALLOC) && want_samples)
-		e->stack = take_sample(st, e->pid, e->op, PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs),
-				       ret_slot);
+	if ((e->flags & F_IN_ALLOC) && want_samples) {
+		struct sample_at at = {PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs), ret_slot, e->pid, e->op};
+		e->stack = take_sample(st, &at);
+	}
 	if (!e->stack)
 		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : regs);
 	event_send(e);
@@ -1110,8 +1125,10 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (st->held > 0)
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, r.sp);
-	if ((e->flags & F_IN_ALLOC) && want_samples)
-		e->stack = take_sample(st, pid, op, r.ip, r.sp, r.bp, r.sp);
+	if ((e->flags & F_IN_ALLOC) && want_samples) {
+		struct sample_at at = {r.ip, r.sp, r.bp, r.sp, pid, op};
+		e->stack = take_sample(st, &at);
+	}
 	if (!e->stack)
 		e->stack = take_stack(ctx, pid, r.sp, st->uret_pending ? 0 : &r);
 	event_send(e);
