@@ -27,6 +27,7 @@ func newRunCmd() *cobra.Command {
 		},
 	}
 	f.register(c)
+	f.registerRecorder(c)
 	return c
 }
 
@@ -45,11 +46,14 @@ func runTraced(f *traceFlags, argv []string) error {
 // to its hang, with hang detection) and returns the finished session, its
 // footer, and when the target was let go to exec (CLOCK_MONOTONIC).
 func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, error) {
+	if err := resolveRecorder(f, argv); err != nil {
+		return nil, nil, 0, err
+	}
 	s, err := newSession(f)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	g, err := tracer.StartGated(argv)
+	g, err := startGated(s, argv)
 	if err != nil {
 		s.tr.Close()
 		return nil, nil, 0, err

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// The preload recorder's tests: the same programs as the eBPF tests, traced
+// by the preloaded library, unprivileged where the point is that no
+// privilege is needed, and checked against the eBPF recorder's verdicts.
+
+// asNobody returns argv run as user nobody when this test runs as root (an
+// unprivileged user already is one), with prog made reachable.
+func asNobody(t *testing.T, prog string, argv ...string) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return exec.Command(argv[0], argv[1:]...)
+	}
+	for d := filepath.Dir(prog); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	return exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups"}, argv...)...)
+}
+
+// TestPreloadUnprivileged: an ordinary user runs hooktrace on the inversion
+// program and gets the lock-order-cycle error, lock names and the functions
+// that took each pair, recorded by the preloaded library.
+func TestPreloadUnprivileged(t *testing.T) {
+	prog := buildC(t, "inversion")
+	for _, recorder := range []string{"preload", "auto"} {
+		t.Run(recorder, func(t *testing.T) {
+			cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", recorder, "--format", "json", "--fail-on", "none", "--", prog)
+			cmd.Stderr = os.Stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("hooktrace as nobody: %v", err)
+			}
+			rep := parseReport(t, string(out))
+			if rep.Stats.LostEvents != 0 || !rep.Stats.Complete {
+				t.Errorf("lost %d, complete %v", rep.Stats.LostEvents, rep.Stats.Complete)
+			}
+			if rep.Stats.Calls["pthread_mutex_lock"] != 4 || rep.Stats.Calls["pthread_mutex_unlock"] != 4 ||
+				rep.Stats.Calls["thread_create"] != 2 {
+				t.Errorf("calls %v: want 4 locks, 4 unlocks, 2 thread creations", rep.Stats.Calls)
+			}
+			fs := ofKind(findings(t, string(out)), "lock-order-cycle", "error")
+			if len(fs) != 1 {
+				t.Fatalf("want 1 lock-order-cycle error, got %v", fs)
+			}
+			f := fs[0]
+			if !sameSet(f.Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
+				t.Errorf("locks %q", f.Locks)
+			}
+			var sawAB, sawBA bool
+			for i := range f.Edges {
+				sawAB = sawAB || f.edgeStackHas(i, "pthread_mutex_lock", "take_a_then_b", "first")
+				sawBA = sawBA || f.edgeStackHas(i, "pthread_mutex_lock", "take_b_then_a", "second")
+			}
+			if !sawAB || !sawBA {
+				t.Errorf("edge stacks lack the callers:\n%v", f)
+			}
+		})
+	}
+}
+
+// TestRecorderParity: the same program under both recorders gives the
+// same findings (kind, severity, locks, ID), and the preload recorder
+// counts exactly the program's own calls. The eBPF recorder may count
+// more: the loader takes its own lock through a function pointer
+// (_dl_allocate_tls_init and _dl_fini call pthread_mutex_lock by
+// dl_rtld_lock_recursive), which no PLT interposition sees.
+func TestRecorderParity(t *testing.T) {
+	requireBPF(t)
+	cases := []struct {
+		name, prog string
+		args       []string
+		calls      map[string]uint64 // the program's own calls
+	}{
+		{"inversion", "inversion", nil, map[string]uint64{"pthread_mutex_lock": 4, "pthread_mutex_unlock": 4, "thread_create": 2}},
+		{"consistent", "inversion", []string{"consistent"}, nil},
+		{"ring", "ring", nil, nil},
+		{"mallocs", "mallocs", nil, map[string]uint64{"malloc": 10000, "pthread_mutex_lock": 10000, "pthread_mutex_unlock": 10000, "thread_create": 4}},
+	}
+	for _, c := range cases {
+		prog := buildC(t, c.prog)
+		t.Run(c.name, func(t *testing.T) {
+			type result struct {
+				rep jsonReport
+				fs  []finding
+			}
+			got := map[string]result{}
+			for _, rec := range []string{"ebpf", "preload"} {
+				argv := append([]string{"run", "--recorder", rec, "--format", "json", "--fail-on", "none", "--", prog}, c.args...)
+				stdout, stderr, code := hooktrace(t, nil, argv...)
+				if code != 0 {
+					t.Fatalf("%s: exit %d\n%s", rec, code, stderr)
+				}
+				got[rec] = result{parseReport(t, stdout), findings(t, stdout)}
+			}
+			e, p := got["ebpf"], got["preload"]
+			if len(e.fs) != len(p.fs) {
+				t.Fatalf("ebpf found %v, preload %v", e.fs, p.fs)
+			}
+			for i := range e.fs {
+				if e.fs[i].ID != p.fs[i].ID || e.fs[i].Kind != p.fs[i].Kind || e.fs[i].Severity != p.fs[i].Severity ||
+					!sameSet(e.fs[i].Locks, p.fs[i].Locks) {
+					t.Errorf("finding %d: ebpf %v, preload %v", i, e.fs[i], p.fs[i])
+				}
+			}
+			for op, n := range c.calls {
+				if p.rep.Stats.Calls[op] != n || e.rep.Stats.Calls[op] < n {
+					t.Errorf("calls.%s: preload %d, ebpf %d; the program makes %d", op, p.rep.Stats.Calls[op], e.rep.Stats.Calls[op], n)
+				}
+			}
+			if p.rep.Stats.LostEvents != 0 || !p.rep.Stats.Complete {
+				t.Errorf("preload: lost %d, complete %v", p.rep.Stats.LostEvents, p.rep.Stats.Complete)
+			}
+		})
+	}
+}

@@ -1,0 +1,368 @@
+package tracer
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/preload"
+)
+
+// The shared-memory layout of ../preload/shm.h (TestShmLayout checks these
+// against the header with the C compiler).
+const (
+	shmMagic      = 0x314d48534b4f4f48
+	shmVersion    = 1
+	shmEnv        = "HOOKTRACE_SHM_FD"
+	shmSlots      = 1024
+	shmSlotOps    = 64
+	shmOffMagic   = 0
+	shmOffVersion = 8
+	shmOffTraced  = 12
+	shmOffFlags   = 16
+	shmOffSize    = 24
+	shmOffData    = 32
+	shmOffHead    = 64
+	shmOffTail    = 128
+	shmOffLost    = 192
+	shmOffShared  = 512
+	shmOffSlots   = 1024
+	shmHeader     = shmOffSlots + shmSlots*shmSlotOps*8
+	shmRecHdr     = 16
+	shmKindData   = 0
+	shmKindPad    = 1
+	shmFFull      = 1
+	shmFFollow    = 2
+	shmFSamples   = 4
+)
+
+// shimFD is the descriptor the target finds the shared memory at: the
+// gate's pipe is 3, the first extra file 4.
+const shimFD = 4
+
+// Preload is the user-space recorder: hooktrace preloads a small library
+// (../preload) into the target, which records its allocator, lock and
+// thread calls into a ring in shared memory, in the BPF ring's record
+// layout. It needs no privileges and no kernel trap per call; what it
+// cannot see is a call that does not go through the PLT (inside one
+// object) and the system calls themselves.
+type Preload struct {
+	opts      Options
+	memfd     *os.File
+	mem       []byte
+	ring      []byte
+	dir       string // holds the library written out for the loader
+	shim      string
+	conv      *converter
+	allocator string
+	lostSeen  uint64
+	tail      uint64
+	lostTail  uint64 // records skipped that a killed writer never finished
+}
+
+// NewPreload prepares the shared memory and the library. The ring's size
+// is opts.RingBytes.
+func NewPreload(opts Options) (*Preload, error) {
+	if opts.Mode == "" {
+		opts.Mode = ModeAggregate
+	}
+	if opts.Mode != ModeAggregate && opts.Mode != ModeFull {
+		return nil, fmt.Errorf("unknown mode %q (aggregate or full)", opts.Mode)
+	}
+	if opts.Warn == nil {
+		opts.Warn = func(string) {}
+	}
+	if len(opts.UserProbes) > 0 {
+		return nil, fmt.Errorf("--probe and --forbid need the ebpf recorder for now")
+	}
+	size := opts.RingBytes
+	if size == 0 {
+		size = 16 << 20
+	}
+	if size&(size-1) != 0 || size < 4096 {
+		return nil, fmt.Errorf("ring size %d is not a power of two from 4K", size)
+	}
+	p := &Preload{opts: opts}
+	fd, err := unix.MemfdCreate("hooktrace-ring", 0)
+	if err != nil {
+		return nil, fmt.Errorf("creating the shared memory: %w", err)
+	}
+	p.memfd = os.NewFile(uintptr(fd), "hooktrace-ring")
+	total := shmHeader + size
+	if err := p.memfd.Truncate(int64(total)); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("sizing the shared memory: %w", err)
+	}
+	p.mem, err = unix.Mmap(fd, 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("mapping the shared memory: %w", err)
+	}
+	p.ring = p.mem[shmHeader:]
+	var flags uint32
+	if opts.Mode == ModeFull {
+		flags |= shmFFull
+	}
+	if opts.FollowForks {
+		flags |= shmFFollow
+	}
+	if !opts.NoSamples {
+		flags |= shmFSamples
+	}
+	le := binary.LittleEndian
+	le.PutUint32(p.mem[shmOffVersion:], shmVersion)
+	le.PutUint32(p.mem[shmOffFlags:], flags)
+	le.PutUint64(p.mem[shmOffSize:], uint64(size))
+	le.PutUint64(p.mem[shmOffData:], shmHeader)
+	// The magic last: a shim that sees it sees the rest.
+	atomic.StoreUint64(p.u64(shmOffMagic), shmMagic)
+	if err := p.writeShim(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	p.conv = newConverter(opts.Warn)
+	return p, nil
+}
+
+// writeShim writes the library to a private directory: the loader needs a
+// path, and one that later children of the target can open too.
+func (p *Preload) writeShim() error {
+	dir, err := os.MkdirTemp("", "hooktrace-")
+	if err != nil {
+		return fmt.Errorf("making a directory for the preloaded library: %w", err)
+	}
+	p.dir = dir
+	sum := sha256.Sum256(preload.Shim)
+	// The name carries the content: a stack symbolized later names the
+	// library that ran.
+	p.shim = filepath.Join(dir, "libhooktrace_preload-"+hex.EncodeToString(sum[:6])+".so")
+	if err := os.WriteFile(p.shim, preload.Shim, 0o500); err != nil {
+		return fmt.Errorf("writing the preloaded library: %w", err)
+	}
+	return nil
+}
+
+func (p *Preload) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&p.mem[off])) }
+
+// Env returns environ with the library preloaded ahead of the user's own
+// LD_PRELOAD entries (a preloaded jemalloc stays the allocator: the shim
+// forwards to the next definition) and the shared memory's descriptor.
+func (p *Preload) Env(environ []string) []string {
+	out := make([]string, 0, len(environ)+2)
+	pre := p.shim
+	for _, kv := range environ {
+		switch {
+		case strings.HasPrefix(kv, "LD_PRELOAD="):
+			if v := strings.TrimPrefix(kv, "LD_PRELOAD="); v != "" {
+				pre += ":" + v
+			}
+		case strings.HasPrefix(kv, shmEnv+"="):
+		default:
+			out = append(out, kv)
+		}
+	}
+	return append(out, "LD_PRELOAD="+pre, fmt.Sprintf("%s=%d", shmEnv, shimFD))
+}
+
+// Files are the descriptors the target inherits, from fd 4 on.
+func (p *Preload) Files() []*os.File { return []*os.File{p.memfd} }
+
+// Attach names the traced process: a gated child, before it execs. Only
+// it (and with FollowForks its children) records.
+func (p *Preload) Attach(pid int, exe string) error {
+	if err := checkProcess(pid); err != nil {
+		return err
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&p.mem[shmOffTraced])), uint32(pid))
+	// Watch its mappings from now on: a short-lived target may be gone
+	// before its first record is read.
+	p.conv.proc(uint32(pid))
+	if exe != "" {
+		// Which allocator the target will use, for the header: the
+		// shim forwards to it and knows exactly when a call is inside
+		// it, so the converter needs no address range.
+		if plan, err := planSites(pid, exe, nil, false, func(string) {}); err == nil {
+			if a := findAllocator(plan); a != nil {
+				p.allocator = a.name
+			}
+		}
+	}
+	return nil
+}
+
+// Exec is a no-op: the shim in the new image starts with an exec record.
+func (p *Preload) Exec(pid int) {}
+
+// Exiting takes the last snapshot of pid's mappings, held at its exit.
+func (p *Preload) Exiting(pid int) { p.conv.exiting(uint32(pid)) }
+
+// Allocator names the target's allocator.
+func (p *Preload) Allocator() string { return p.allocator }
+
+// Recorder names this recorder in trace headers.
+func (p *Preload) Recorder() string { return "preload" }
+
+// Sites lists what the shim interposes.
+func (p *Preload) Sites() []events.ProbeSite {
+	var out []events.ProbeSite
+	for _, f := range probeFuncs {
+		out = append(out, events.ProbeSite{Name: f.name, Object: "libhooktrace_preload.so", Kind: "preload"})
+	}
+	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
+		"fork", "mmap", "munmap", "madvise", "mremap", "brk", "sbrk"} {
+		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
+	}
+	return out
+}
+
+// Run reads the ring and hands each record to emit until stop is closed
+// and the ring is drained.
+func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) error {
+	p.conv.emit = emit
+	stopped := false
+	idle := time.Millisecond
+	lostTick := time.Now()
+	for {
+		n, err := p.drain(stopped)
+		if err != nil {
+			return err
+		}
+		if time.Since(lostTick) > time.Second || stopped {
+			lostTick = time.Now()
+			if err := p.reportLost(); err != nil {
+				return err
+			}
+		}
+		if stopped {
+			return nil
+		}
+		if n > 0 {
+			idle = time.Millisecond
+			continue
+		}
+		select {
+		case <-stop:
+			// The target is gone (or tracing ends): one last pass, in
+			// which records a killed writer left unfinished are skipped.
+			stopped = true
+		case <-time.After(idle):
+			idle = min(2*idle, 20*time.Millisecond)
+		}
+	}
+}
+
+// drain converts every committed record and returns how many it read.
+// final: no writer is left, so an unfinished record will stay unfinished.
+func (p *Preload) drain(final bool) (int, error) {
+	size := uint64(len(p.ring))
+	head := atomic.LoadUint64(p.u64(shmOffHead))
+	n := 0
+	for p.tail < head {
+		off := p.tail & (size - 1)
+		hdr := p.ring[off:]
+		seq := atomic.LoadUint64((*uint64)(unsafe.Pointer(&hdr[0])))
+		ln := uint64(binary.LittleEndian.Uint32(hdr[8:]))
+		kind := binary.LittleEndian.Uint32(hdr[12:])
+		step := (shmRecHdr + ln + 15) &^ 15
+		if seq != p.tail+1 {
+			if !final {
+				break
+			}
+			// Reserved and never committed: its writer died in it.
+			if kind > shmKindPad || off+step > size || p.tail+step > head {
+				p.lostTail++
+				p.tail = head
+				break
+			}
+			p.lostTail++
+			p.tail += step
+			continue
+		}
+		if kind == shmKindData {
+			if err := p.conv.raw(hdr[shmRecHdr : shmRecHdr+ln]); err != nil {
+				return n, err
+			}
+			n++
+		}
+		p.tail += step
+		if n%256 == 0 {
+			atomic.StoreUint64(p.u64(shmOffTail), p.tail)
+		}
+	}
+	atomic.StoreUint64(p.u64(shmOffTail), p.tail)
+	return n, nil
+}
+
+func (p *Preload) reportLost() error {
+	total := p.Lost()
+	if total <= p.lostSeen {
+		return nil
+	}
+	n := total - p.lostSeen
+	p.lostSeen = total
+	return p.conv.emitLost(n)
+}
+
+// Lost is how many records the shim had no room for, plus any a killed
+// writer left unfinished.
+func (p *Preload) Lost() uint64 {
+	n := p.lostTail
+	for i := 0; i < 4; i++ {
+		n += atomic.LoadUint64(p.u64(shmOffLost + 8*i))
+	}
+	return n
+}
+
+// Calls counts every interposed call by name, recorded or not.
+func (p *Preload) Calls() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, op := range events.Ops() {
+		if int(op) >= shmSlotOps {
+			continue
+		}
+		n := atomic.LoadUint64(p.u64(shmOffShared + 8*int(op)))
+		for s := 0; s < shmSlots; s++ {
+			n += atomic.LoadUint64(p.u64(shmOffSlots + 8*(s*shmSlotOps+int(op))))
+		}
+		if n > 0 {
+			out[op.String()] = n
+		}
+	}
+	return out
+}
+
+// Seen counts the threads and lock addresses seen so far.
+func (p *Preload) Seen() (threads, locks int64) {
+	return p.conv.nthreads.Load(), p.conv.nlocks.Load()
+}
+
+// Events is the number of event records handed out so far.
+func (p *Preload) Events() uint64 { return p.conv.events }
+
+// Close releases the shared memory and removes the library.
+func (p *Preload) Close() error {
+	if p.conv != nil {
+		p.conv.close()
+	}
+	if p.mem != nil {
+		unix.Munmap(p.mem)
+		p.mem = nil
+	}
+	if p.memfd != nil {
+		p.memfd.Close()
+	}
+	if p.dir != "" {
+		os.RemoveAll(p.dir)
+	}
+	return nil
+}
