@@ -1,5 +1,6 @@
-# hooktrace: `make build` needs only Go (the BPF objects are committed);
-# `make generate` needs Debian's clang and libbpf-dev.
+# hooktrace: `make build` needs only Go (the BPF objects and the preloaded
+# library are committed); `make generate` needs Debian's clang, libbpf-dev
+# and gcc.
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
@@ -14,11 +15,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/hooktrace ./cmd/hooktrace
 
 generate:
-	$(GO) generate ./tracer
+	$(GO) generate ./tracer ./preload
 
 # The committed objects must be what the committed C produces.
 check-generated: generate
-	git diff --exit-code -- tracer/hooktrace_bpfel.go tracer/hooktrace_bpfel.o
+	git diff --exit-code -- tracer/hooktrace_bpfel.go tracer/hooktrace_bpfel.o preload/libhooktrace_preload.so
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }

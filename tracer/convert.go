@@ -27,10 +27,13 @@ type converter struct {
 	onFork           func(pid uint32) // a traced process forked a child to follow
 	unw              *unwinder
 	warn             func(string)
-	procs            map[uint32]*procState
-	events           uint64
-	nextID           uint32
-	rec              events.Record
+	// hide is an object whose frames are not the target's (the preloaded
+	// recorder's interposers), dropped from unwound stacks.
+	hide   string
+	procs  map[uint32]*procState
+	events uint64
+	nextID uint32
+	rec    events.Record
 }
 
 // procState is what the converter knows of one address space. An exec
@@ -261,6 +264,9 @@ func (c *converter) sample(r *hooktraceSample) error {
 	n := min(int(r.Len), len(r.Data))
 	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
+	if c.hide != "" {
+		pcs, complete = hideObject(maps, pcs, complete, c.hide)
+	}
 	if p.alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
@@ -277,6 +283,23 @@ func (c *converter) sample(r *hooktraceSample) error {
 	id, err := c.sendStack(p, frames, !complete)
 	p.stacks[r.Hash] = id
 	return err
+}
+
+// hideObject drops the frames in the object at path. A walk that ends in
+// it reached the recorder's thread start wrapper: the target's part of the
+// stack is whole.
+func hideObject(maps symbolize.Maps, pcs []uint64, complete bool, path string) ([]uint64, bool) {
+	out := pcs[:0]
+	for i, pc := range pcs {
+		if m, ok := maps.Find(pc); ok && m.Path == path {
+			if i == len(pcs)-1 {
+				complete = true
+			}
+			continue
+		}
+		out = append(out, pc)
+	}
+	return out, complete
 }
 
 // sendStack emits frames as a new stack unless the same frames were sent.

@@ -131,6 +131,7 @@ func NewPreload(opts Options) (*Preload, error) {
 		return nil, err
 	}
 	p.conv = newConverter(opts.Warn)
+	p.conv.hide = p.shim
 	return p, nil
 }
 
@@ -219,7 +220,7 @@ func (p *Preload) Sites() []events.ProbeSite {
 		out = append(out, events.ProbeSite{Name: f.name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
-		"fork", "mmap", "munmap", "madvise", "mremap", "brk", "sbrk"} {
+		"fork"} {
 		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	return out

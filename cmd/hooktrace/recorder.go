@@ -65,7 +65,7 @@ func chooseRecorder(choice string, argv []string) (string, error) {
 		if why := unpreloadable(argv); why != "" {
 			return recorderEBPF, errAutoEBPF{why}
 		}
-		return recorderPreload, nil
+		return recorderAuto, nil
 	}
 	return "", usageError{fmt.Errorf("--recorder %q: want ebpf, preload or auto", choice)}
 }
@@ -109,8 +109,22 @@ func unpreloadable(argv []string) string {
 	return ""
 }
 
-// newRecorder opens the recorder f.recorder names.
+// newRecorder opens the recorder f.recorder names. auto (for a target that
+// can be preloaded) takes eBPF where it is permitted, since only the
+// kernel sees the memory syscalls glibc makes inside free, and the
+// preloaded library otherwise; f.recorder then names the one chosen.
 func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
+	if f.recorder == recorderAuto {
+		t, err := tracer.New(opts)
+		if err == nil {
+			f.recorder = recorderEBPF
+			return t, nil
+		}
+		if !errors.Is(err, tracer.ErrPermission) {
+			return nil, err
+		}
+		f.recorder = recorderPreload
+	}
 	if f.recorder == recorderPreload {
 		p, err := tracer.NewPreload(opts)
 		if err != nil {

@@ -242,7 +242,7 @@ func TestLostEventsReported(t *testing.T) {
 	requireBPF(t)
 	prog := buildC(t, "mallocs")
 	trace := filepath.Join(t.TempDir(), "lossy.htr")
-	stdout, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "--ring", "4K", "--fail-on", "none",
+	stdout, stderr, code := hooktrace(t, nil, "run", "--recorder", "ebpf", "--mode", "full", "--ring", "4K", "--fail-on", "none",
 		"--format", "json", "-o", trace, "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)

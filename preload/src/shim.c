@@ -75,12 +75,6 @@ static struct {
 	int (*create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 	void (*exit)(void *) __attribute__((noreturn));
 	pid_t (*fork)(void);
-	void *(*mmap)(void *, size_t, int, int, int, off_t);
-	int (*munmap)(void *, size_t);
-	int (*madvise)(void *, size_t, int);
-	void *(*mremap)(void *, size_t, size_t, int, ...);
-	int (*brk)(void *);
-	void *(*sbrk)(intptr_t);
 } real;
 
 /* dlsym may call calloc (for its error state) before the real allocator is
@@ -150,12 +144,6 @@ static void resolve_real(void)
 	RESOLVE(create, "pthread_create");
 	RESOLVE(exit, "pthread_exit");
 	RESOLVE(fork, "fork");
-	RESOLVE(mmap, "mmap");
-	RESOLVE(munmap, "munmap");
-	RESOLVE(madvise, "madvise");
-	RESOLVE(mremap, "mremap");
-	RESOLVE(brk, "brk");
-	RESOLVE(sbrk, "sbrk");
 	resolving = 0;
 	*(int *)tstate_self() = guard;
 	errno = saved;
@@ -198,7 +186,7 @@ struct tstate {
 	__u32 alloc_seq;
 	__u64 alloc_sp; /* the outermost allocator call's return-address slot */
 	__u64 *calls;   /* this thread's counter slot, NULL for the shared one */
-	__u64 stack_hi; /* top of the thread's stack, 0 when unknown */
+	__u64 stack_hi; /* how far up the thread's stack may be read, 0 when unknown */
 	__s32 held;
 	__u32 nheld;
 	struct held_lock held_locks[MAX_HELD];
@@ -213,8 +201,8 @@ static struct tstate *tstate_self(void)
 	return &ts;
 }
 
-/* The shim's own image: a walk that reaches it (a thread's start
- * routine returns into thread_start) has left the target's frames. */
+/* The shim's own image: its frames (a thread's start routine returns into
+ * thread_start) are not the target's. */
 extern const char __ehdr_start[] __attribute__((visibility("hidden")));
 extern const char _end[] __attribute__((visibility("hidden")));
 
@@ -424,9 +412,10 @@ static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *tru
 		if (!hi || fp <= lo || fp + 16 > hi || (fp & 7))
 			break;
 		__u64 *f = (__u64 *)fp;
-		if (!f[1] || in_shim(f[1]))
+		if (!f[1])
 			break;
-		ips[n++] = f[1];
+		if (!in_shim(f[1]))
+			ips[n++] = f[1];
 		lo = fp;
 		fp = f[0];
 	}
@@ -758,23 +747,6 @@ static void rec_simple(struct tstate *t, __u32 op, __u64 addr, __u64 arg, __u64 
 		send_with_stack(t, &e, fn, frame);
 	else
 		event_send(&e);
-}
-
-/* A memory call through libc's wrapper (madvise, munmap, ...): what the
- * BPF side's sys_enter tracepoint sees as a syscall. */
-static void rec_mem(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 arg, __u64 fn, __u64 *frame)
-{
-	count_call(t, op);
-	flush_held(t);
-	struct event e;
-	event_init(&e, t, op);
-	e.addr = addr;
-	e.size = size;
-	e.arg = arg;
-	if (t->held > 0)
-		e.flags |= F_LOCKS_HELD;
-	alloc_context(t, &e);
-	send_with_stack(t, &e, fn, frame);
 }
 
 /* ---- the allocator ------------------------------------------------------ */
@@ -1116,94 +1088,31 @@ EXPORT int pthread_cond_clockwait(pthread_cond_t *c, pthread_mutex_t *m, clockid
 	COND(OP_COND_TIMEDWAIT, cond_clockwait, real.cond_clockwait(c, m, clk, at))
 }
 
-/* ---- memory calls through libc's wrappers ------------------------------- */
-
-EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
-{
-	ENSURE(mmap);
-	struct tstate *t = enter();
-	if (t) {
-		rec_mem(t, OP_MMAP, (__u64)addr, len, (__u64)(unsigned)prot | ((__u64)(unsigned)flags << 32),
-			(__u64)real.mmap, FRAME);
-		leave(t);
-	}
-	return real.mmap(addr, len, prot, flags, fd, off);
-}
-
-EXPORT int munmap(void *addr, size_t len)
-{
-	ENSURE(munmap);
-	struct tstate *t = enter();
-	if (t) {
-		rec_mem(t, OP_MUNMAP, (__u64)addr, len, 0, (__u64)real.munmap, FRAME);
-		leave(t);
-	}
-	return real.munmap(addr, len);
-}
-
-EXPORT int madvise(void *addr, size_t len, int advice)
-{
-	ENSURE(madvise);
-	struct tstate *t = enter();
-	if (t) {
-		rec_mem(t, OP_MADVISE, (__u64)addr, len, (__u64)advice, (__u64)real.madvise, FRAME);
-		leave(t);
-	}
-	return real.madvise(addr, len, advice);
-}
-
-EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
-{
-	ENSURE(mremap);
-	void *new_addr = NULL;
-	if (flags & MREMAP_FIXED) {
-		__builtin_va_list ap;
-		__builtin_va_start(ap, flags);
-		new_addr = __builtin_va_arg(ap, void *);
-		__builtin_va_end(ap);
-	}
-	struct tstate *t = enter();
-	if (t) {
-		rec_mem(t, OP_MREMAP, (__u64)old, old_len, new_len, (__u64)real.mremap, FRAME);
-		leave(t);
-	}
-	return real.mremap(old, old_len, new_len, flags, new_addr);
-}
-
-EXPORT int brk(void *addr)
-{
-	ENSURE(brk);
-	struct tstate *t = enter();
-	if (t) {
-		rec_mem(t, OP_BRK, (__u64)addr, 0, 0, (__u64)real.brk, FRAME);
-		leave(t);
-	}
-	return real.brk(addr);
-}
-
-/* sbrk is brk underneath: recorded as brk of the new end. */
-EXPORT void *sbrk(intptr_t inc)
-{
-	ENSURE(sbrk);
-	struct tstate *t = enter();
-	if (t) {
-		rec_mem(t, OP_BRK, 0, (__u64)inc, 0, (__u64)real.sbrk, FRAME);
-		leave(t);
-	}
-	return real.sbrk(inc);
-}
-
 /* ---- threads and processes ---------------------------------------------- */
 
-/* What a new thread needs from its creator. Allocated by the creator with
- * the real allocator (the creator is in pthread_create, not an allocator
- * call) and freed by the thread. */
+/* What a new thread needs from its creator, in a static pool: the shim
+ * must not allocate for it (a new thread's first allocator call creates
+ * its arena, and that call must be the target's own). */
 struct start {
 	void *(*fn)(void *);
 	void *arg;
 	__u32 parent_tid;
+	int busy;
 	__u64 stack;
 };
+
+#define START_SLOTS 256
+static struct start starts[START_SLOTS];
+
+static struct start *start_get(void)
+{
+	for (int i = 0; i < START_SLOTS; i++) {
+		int zero = 0;
+		if (__atomic_compare_exchange_n(&starts[i].busy, &zero, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+			return &starts[i];
+	}
+	return NULL;
+}
 
 static void thread_exit_event(struct tstate *t, __s64 ret)
 {
@@ -1216,13 +1125,15 @@ static void thread_exit_event(struct tstate *t, __s64 ret)
 
 static void *thread_start(void *p)
 {
-	struct start s = *(struct start *)p;
-	real.free(p);
+	struct start *sp = p, s = *sp;
+	__atomic_store_n(&sp->busy, 0, __ATOMIC_RELEASE);
 	struct tstate *t = enter();
 	if (t) {
-		/* The stack above this frame is glibc's start_thread: walks end
-		 * here. */
-		t->stack_hi = (__u64)__builtin_frame_address(0);
+		/* Above this frame are glibc's start_thread frame, then the
+		 * thread's TLS and struct pthread (over 2 KiB): all mapped, so
+		 * walks and samples may read that far and reach start_thread,
+		 * as the BPF side's do. */
+		t->stack_hi = (__u64)__builtin_frame_address(0) + 1024;
 		/* The creation, as the BPF side's sched_process_fork reports it:
 		 * by the creating thread, naming the new one. */
 		count_call(t, OP_THREAD_CREATE);
@@ -1250,8 +1161,10 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 	struct tstate *t = enter();
 	if (!t)
 		return real.create(th, attr, fn, arg);
-	struct start *s = real.malloc(sizeof(*s));
+	struct start *s = start_get();
 	if (!s) {
+		/* 256 threads being started at once: this one goes unrecorded
+		 * in its creation only. */
 		leave(t);
 		return real.create(th, attr, fn, arg);
 	}
@@ -1262,7 +1175,7 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 	leave(t);
 	int r = real.create(th, attr, thread_start, s);
 	if (r != 0)
-		real.free(s);
+		__atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
 	return r;
 }
 
