@@ -1,10 +1,15 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/events"
 )
 
 // The preload recorder's tests: the same programs as the eBPF tests, traced
@@ -146,5 +151,130 @@ func TestPreloadRingFull(t *testing.T) {
 	}
 	if rep.Stats.Events < 40000 {
 		t.Errorf("%d events in full mode, want at least 40000 (10000 malloc, free, lock, unlock)", rep.Stats.Events)
+	}
+}
+
+// preloadFindings runs prog under the preload recorder and returns its
+// findings.
+func preloadFindings(t *testing.T, extra []string, prog string, args ...string) []finding {
+	t.Helper()
+	return traceFindings(t, append([]string{"--recorder", "preload"}, extra...), prog, args...)
+}
+
+// TestPreloadProcesses: a forked child records only with --follow-forks
+// (it inherits the shared memory; without following it records nothing),
+// and an exec'd program records in its new image, named by its symbols.
+func TestPreloadProcesses(t *testing.T) {
+	forker := buildC(t, "forker")
+	fs := ofKind(preloadFindings(t, []string{"--follow-forks"}, forker), "lock-order-cycle", "error")
+	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"fork_a (forker)", "fork_b (forker)"}) || !fs[0].edgeStackHas(0, "both_orders") {
+		t.Errorf("--follow-forks: want the child's fork_a/fork_b inversion from both_orders, got %v", fs)
+	}
+	if fs := preloadFindings(t, nil, forker); len(fs) != 0 {
+		t.Errorf("without --follow-forks the child records nothing, got %v", fs)
+	}
+	execer, inversion := buildC(t, "execer"), buildC(t, "inversion")
+	fs = ofKind(preloadFindings(t, nil, execer, inversion), "lock-order-cycle", "error")
+	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
+		t.Errorf("want the exec'd program's inversion, got %v", fs)
+	}
+}
+
+// TestPreloadConstructors: locks and a malloc in a constructor, before
+// main, are recorded with the constructor on their stacks.
+func TestPreloadConstructors(t *testing.T) {
+	prog := buildC(t, "ctor")
+	trace := filepath.Join(t.TempDir(), "c.htr")
+	if _, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--mode", "full", "-o", trace, "--", prog); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	evs, stacks, r := readTrace(t, trace)
+	if h := r.Header(); h == nil || h.Recorder != "preload" || h.Allocator != "glibc" {
+		t.Errorf("header: %+v, want recorder preload, allocator glibc", h)
+	}
+	locks, inCtor, mallocInCtor := 0, 0, 0
+	for _, e := range evs {
+		if e.Op == events.OpMutexLock {
+			locks++
+			if stackHas(stacks[e.Stack], "before_main") {
+				inCtor++
+			}
+		}
+		if e.Op == events.OpMalloc && e.Size == 4321 && stackHas(stacks[e.Stack], "before_main") && e.Has(events.FlagLocksHeld) {
+			mallocInCtor++
+		}
+	}
+	if locks != 3 || inCtor != 2 || mallocInCtor != 1 {
+		t.Errorf("early_lock taken %d times (%d in the constructor), malloc(4321) under it in the constructor %d times; want 3, 2, 1", locks, inCtor, mallocInCtor)
+	}
+}
+
+// TestPreloadJemalloc: the user's own LD_PRELOAD is kept after the
+// recorder's: jemalloc stays the allocator, the shim forwards to it, and
+// every call is counted.
+func TestPreloadJemalloc(t *testing.T) {
+	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	if _, err := os.Stat(je); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("libjemalloc2 is not installed: %v", err)
+		}
+		t.Skip("libjemalloc2 is not installed")
+	}
+	trace := filepath.Join(t.TempDir(), "je.htr")
+	cmd := exec.Command(hooktraceBin, "run", "--recorder", "preload", "--mode", "full", "-o", trace, "--", buildC(t, "mallocs"))
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 0 {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	evs, stacks, r := readTrace(t, trace)
+	if h := r.Header(); h == nil || h.Allocator != "jemalloc" {
+		t.Errorf("header allocator: %+v", h)
+	}
+	n := 0
+	for _, e := range evs {
+		if e.Op == events.OpMalloc && e.Size == 777 {
+			n++
+			if s := stacks[e.Stack]; s == nil || len(s.Frames) == 0 || !strings.Contains(s.Frames[0].Object, "jemalloc") {
+				t.Fatalf("malloc(777) not forwarded to jemalloc:%s", stackString(s))
+			}
+		}
+	}
+	if n != 10000 {
+		t.Errorf("malloc(777): %d events, want 10000", n)
+	}
+}
+
+// TestPreloadSIGKILL: a target that dies by SIGKILL runs no exit handler;
+// everything it recorded is in the shared memory and reaches the report.
+func TestPreloadSIGKILL(t *testing.T) {
+	prog := buildC(t, "killself")
+	stdout, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--format", "json", "--fail-on", "none", "--", prog)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	fs := ofKind(findings(t, stdout), "lock-order-cycle", "error")
+	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"kill_a (killself)", "kill_b (killself)"}) {
+		t.Errorf("want the kill_a/kill_b inversion, got %v", fs)
+	}
+	var r struct {
+		Stats struct {
+			Calls  map[string]uint64 `json:"calls"`
+			Traces []struct {
+				ExitSignal string `json:"exit_signal"`
+				Recorder   string `json:"recorder"`
+			} `json:"traces"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Stats.Traces) != 1 || r.Stats.Traces[0].ExitSignal != "SIGKILL" || r.Stats.Traces[0].Recorder != "preload" {
+		t.Errorf("traces %+v: want one, killed by SIGKILL, recorded by preload", r.Stats.Traces)
+	}
+	if r.Stats.Calls["pthread_mutex_lock"] != 4 || r.Stats.Calls["malloc"] != 1 {
+		t.Errorf("calls %v: want 4 locks and 1 malloc", r.Stats.Calls)
 	}
 }
