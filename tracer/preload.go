@@ -207,6 +207,9 @@ func (p *Preload) Exec(pid int) {}
 // Exiting takes the last snapshot of pid's mappings, held at its exit.
 func (p *Preload) Exiting(pid int) { p.conv.exiting(uint32(pid)) }
 
+// Library is the path of the library the target preloads.
+func (p *Preload) Library() string { return p.shim }
+
 // Allocator names the target's allocator.
 func (p *Preload) Allocator() string { return p.allocator }
 

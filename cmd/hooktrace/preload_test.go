@@ -278,3 +278,29 @@ func TestPreloadSIGKILL(t *testing.T) {
 		t.Errorf("calls %v: want 4 locks and 1 malloc", r.Stats.Calls)
 	}
 }
+
+// TestPreloadHangUnprivileged: hang detection needs no privilege either
+// (hooktrace is its own child's ptrace parent): as an ordinary user, a
+// target that deadlocks for good is reported, with both threads' stacks
+// and no frame of the recorder's library, and killed.
+func TestPreloadHangUnprivileged(t *testing.T) {
+	prog := buildC(t, "deadlock")
+	cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", "preload", "--hang-timeout", "2s", "--format", "json", "--", prog)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitFindings {
+		t.Fatalf("exit %v, want %d\n%s", err, exitFindings, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "hooktrace: deadlock in pid") {
+		t.Errorf("stderr does not say what happened:\n%s", stderr.String())
+	}
+	_, fs := findingsOf(t, string(out))
+	f := checkDeadlockFinding(t, fs)
+	for i := range f.Edges {
+		if text := edgeStackText(&f.Edges[i]); strings.Contains(text, "libhooktrace_preload") {
+			t.Errorf("edge %d shows the recorder's own frames:%s", i, text)
+		}
+	}
+}

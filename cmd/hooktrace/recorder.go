@@ -184,3 +184,12 @@ func explainRecorderError(f *traceFlags, err error) error {
 	}
 	return err
 }
+
+// hiddenObject is the library whose frames are the recorder's, not the
+// target's, if the recorder put one in the target.
+func hiddenObject(r recorder) string {
+	if p, ok := r.(*tracer.Preload); ok {
+		return p.Library()
+	}
+	return ""
+}
