@@ -7,6 +7,7 @@ package bench
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -25,6 +26,8 @@ type Config struct {
 	Opts   tracer.Options
 	// Floor says whether hits come from FloorHits rather than Calls.
 	Floor bool
+	// Preload records with the preloaded library instead of eBPF.
+	Preload bool
 }
 
 // Configs are the configurations, in the order they run in each round.
@@ -39,7 +42,23 @@ func Configs() []Config {
 			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
 		{Key: "full", Name: "hooktrace (full)", Traced: true,
 			Opts: tracer.Options{Mode: tracer.ModeFull}},
+		{Key: "preload", Name: "hooktrace --recorder preload (aggregate)", Traced: true, Preload: true,
+			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
+		{Key: "preload-full", Name: "hooktrace --recorder preload (full)", Traced: true, Preload: true,
+			Opts: tracer.Options{Mode: tracer.ModeFull}},
 	}
+}
+
+// source is either recorder: the BPF tracer or the preloaded library.
+type source interface {
+	Attach(pid int, exe string) error
+	Sites() []events.ProbeSite
+	Allocator() string
+	Run(stop <-chan struct{}, emit func(*events.Record) error) error
+	Events() uint64
+	Lost() uint64
+	Calls() map[string]uint64
+	Close() error
 }
 
 // Result is one run of one configuration.
@@ -67,18 +86,33 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // traced or not, so every configuration pays the same start-up.
 func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	var res Result
-	var tr *tracer.Tracer
+	var (
+		src source
+		tr  *tracer.Tracer
+		pre *tracer.Preload
+		err error
+	)
 	if cfg.Traced {
 		opts := cfg.Opts
 		opts.Warn = warn
-		var err error
-		tr, err = tracer.New(opts)
+		if cfg.Preload {
+			pre, err = tracer.NewPreload(opts)
+			src = pre
+		} else {
+			tr, err = tracer.New(opts)
+			src = tr
+		}
 		if err != nil {
 			return res, err
 		}
-		defer tr.Close()
+		defer src.Close()
 	}
-	g, err := tracer.StartGated(argv)
+	var g *tracer.Gated
+	if pre != nil {
+		g, err = tracer.StartGatedEnv(argv, pre.Env(os.Environ()), pre.Files())
+	} else {
+		g, err = tracer.StartGated(argv)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -88,8 +122,8 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		sink     countingWriter
 		writeErr error
 	)
-	if tr != nil {
-		if err := tr.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
+	if src != nil {
+		if err := src.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
 			g.Abort()
 			return res, err
 		}
@@ -100,13 +134,13 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 			mode = tracer.ModeAggregate
 		}
 		h := &events.Header{Version: events.Version, Tool: "hooktrace bench", Command: argv,
-			Exe: g.Path, Clock: "CLOCK_MONOTONIC", Mode: mode, Probes: tr.Sites(), Allocator: tr.Allocator()}
+			Exe: g.Path, Clock: "CLOCK_MONOTONIC", Mode: mode, Probes: src.Sites(), Allocator: src.Allocator()}
 		if err := w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
 			g.Abort()
 			return res, err
 		}
 		go func() {
-			err := tr.Run(stop, func(r *events.Record) error {
+			err := src.Run(stop, func(r *events.Record) error {
 				res.Records++
 				if err := w.Write(r); err != nil && writeErr == nil {
 					writeErr = err
@@ -115,7 +149,7 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 			})
 			if err == nil {
 				err = w.Write(&events.Record{Kind: events.RecFooter, Footer: &events.Footer{
-					Events: tr.Events(), Lost: tr.Lost(), Calls: tr.Calls()}})
+					Events: src.Events(), Lost: src.Lost(), Calls: src.Calls()}})
 			}
 			if cerr := w.Close(); err == nil {
 				err = cerr
@@ -128,7 +162,7 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	if err := g.Open(); err != nil {
 		g.Cmd.Process.Kill()
 		g.Cmd.Wait()
-		if tr != nil {
+		if src != nil {
 			close(stop)
 			<-done
 		}
@@ -140,7 +174,7 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	if ps := g.Cmd.ProcessState; ps != nil {
 		res.CPU = ps.UserTime() + ps.SystemTime()
 	}
-	if tr != nil {
+	if src != nil {
 		close(stop)
 		if err := <-done; err != nil {
 			return res, fmt.Errorf("tracing: %w", err)
@@ -148,12 +182,12 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		if writeErr != nil {
 			return res, fmt.Errorf("encoding the trace: %w", writeErr)
 		}
-		res.Lost = tr.Lost()
+		res.Lost = src.Lost()
 		res.Bytes = sink.n
-		if cfg.Floor {
+		if cfg.Floor && tr != nil {
 			res.Hits = tr.FloorHits()
 		} else {
-			res.Hits = uprobeHits(tr.Calls())
+			res.Hits = uprobeHits(src.Calls())
 		}
 	}
 	if waitErr != nil {

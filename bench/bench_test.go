@@ -126,7 +126,7 @@ func selected(b *testing.B) []Config {
 		}
 	}
 	for k := range want {
-		b.Fatalf("unknown configuration %q (untraced, floor, entry, aggregate, full)", k)
+		b.Fatalf("unknown configuration %q (untraced, floor, entry, aggregate, full, preload, preload-full)", k)
 	}
 	return out
 }
