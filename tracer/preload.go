@@ -1,17 +1,21 @@
 package tracer
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
@@ -68,7 +72,32 @@ type Preload struct {
 	lostSeen  uint64
 	tail      uint64
 	lostTail  uint64 // records skipped that a killed writer never finished
+
+	// sys, when set, is a BPF tracer with only its tracepoints: the memory
+	// syscalls glibc makes inside free, which no interposition sees.
+	sys      *Tracer
+	sysRec   ringbuf.Record
+	sysGroup [][]byte     // stack records waiting for their event
+	sysQueue []sysPending // read, not yet merged into the stream
 }
+
+// sysPending is a syscall event (with the records it names) waiting to be
+// merged by time with the shim's records.
+type sysPending struct {
+	time uint64
+	recs [][]byte
+}
+
+// AddSyscalls adds the kernel's view of the memory syscalls: t must be
+// opened with SyscallsOnly. Its events are merged by time into this
+// recorder's stream; its thread and exec events are the shim's already.
+func (p *Preload) AddSyscalls(t *Tracer) {
+	p.sys = t
+	t.conv = p.conv
+}
+
+// Syscalls says whether the kernel's syscall tracepoint is added.
+func (p *Preload) Syscalls() bool { return p.sys != nil }
 
 // NewPreload prepares the shared memory and the library. The ring's size
 // is opts.RingBytes.
@@ -185,6 +214,11 @@ func (p *Preload) Attach(pid int, exe string) error {
 		return err
 	}
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&p.mem[shmOffTraced])), uint32(pid))
+	if p.sys != nil {
+		if err := p.sys.Attach(pid, exe); err != nil {
+			return err
+		}
+	}
 	// Watch its mappings from now on: a short-lived target may be gone
 	// before its first record is read.
 	p.conv.proc(uint32(pid))
@@ -226,6 +260,9 @@ func (p *Preload) Sites() []events.ProbeSite {
 		"fork"} {
 		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
+	if p.sys != nil {
+		out = append(out, p.sys.Sites()...)
+	}
 	return out
 }
 
@@ -237,8 +274,23 @@ func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) err
 	idle := time.Millisecond
 	lostTick := time.Now()
 	for {
+		if stopped && p.sys != nil {
+			p.sys.objs.TracingOn.Set(uint32(0))
+			p.sys.closeLinks()
+		}
+		if err := p.readSys(); err != nil {
+			return err
+		}
 		n, err := p.drain(stopped)
 		if err != nil {
+			return err
+		}
+		// Syscall events no shim record will come before any more.
+		upTo := MonotonicNow() - uint64(100*time.Millisecond)
+		if stopped {
+			upTo = ^uint64(0)
+		}
+		if err := p.flushSys(upTo); err != nil {
 			return err
 		}
 		if time.Since(lostTick) > time.Second || stopped {
@@ -293,7 +345,15 @@ func (p *Preload) drain(final bool) (int, error) {
 			continue
 		}
 		if kind == shmKindData {
-			if err := p.conv.raw(hdr[shmRecHdr : shmRecHdr+ln]); err != nil {
+			body := hdr[shmRecHdr : shmRecHdr+ln]
+			if len(body) >= sizeEvent && binary.LittleEndian.Uint32(body) == recEvent {
+				// The kernel's syscall events that happened before
+				// this one go first.
+				if err := p.flushSys(binary.LittleEndian.Uint64(body[16:])); err != nil {
+					return n, err
+				}
+			}
+			if err := p.conv.raw(body); err != nil {
 				return n, err
 			}
 			n++
@@ -305,6 +365,59 @@ func (p *Preload) drain(final bool) (int, error) {
 	}
 	atomic.StoreUint64(p.u64(shmOffTail), p.tail)
 	return n, nil
+}
+
+// The record type and ops the merge looks at (bpf/hooktrace.h).
+const recEvent = 1
+
+// readSys queues what the syscall tracepoint recorded, without waiting.
+func (p *Preload) readSys() error {
+	if p.sys == nil {
+		return nil
+	}
+	p.sys.rd.SetDeadline(time.Now())
+	for {
+		err := p.sys.rd.ReadInto(&p.sysRec)
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, ringbuf.ErrFlushed) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the ring buffer: %w", err)
+		}
+		b := p.sysRec.RawSample
+		rec := append([]byte(nil), b...)
+		if len(b) < sizeEvent || binary.LittleEndian.Uint32(b) != recEvent {
+			p.sysGroup = append(p.sysGroup, rec)
+			continue
+		}
+		switch events.Op(binary.LittleEndian.Uint16(b[4:])) {
+		case events.OpExec, events.OpThreadCreate, events.OpThreadExit:
+			// The shim reports these, from inside the process.
+			p.sysGroup = p.sysGroup[:0]
+			continue
+		}
+		p.sysQueue = append(p.sysQueue, sysPending{time: binary.LittleEndian.Uint64(b[16:]), recs: append(p.sysGroup, rec)})
+		p.sysGroup = nil
+	}
+}
+
+// flushSys converts the queued syscall events up to time upTo.
+func (p *Preload) flushSys(upTo uint64) error {
+	if len(p.sysQueue) == 0 || p.sysQueue[0].time > upTo {
+		return nil
+	}
+	// The BPF ring is in reservation order across CPUs, nearly by time.
+	slices.SortStableFunc(p.sysQueue, func(a, b sysPending) int { return cmp.Compare(a.time, b.time) })
+	i := 0
+	for ; i < len(p.sysQueue) && p.sysQueue[i].time <= upTo; i++ {
+		for _, r := range p.sysQueue[i].recs {
+			if err := p.conv.raw(r); err != nil {
+				return err
+			}
+		}
+	}
+	p.sysQueue = p.sysQueue[i:]
+	return nil
 }
 
 func (p *Preload) reportLost() error {
@@ -321,6 +434,9 @@ func (p *Preload) reportLost() error {
 // writer left unfinished.
 func (p *Preload) Lost() uint64 {
 	n := p.lostTail
+	if p.sys != nil {
+		n += p.sys.Lost()
+	}
 	for i := 0; i < 4; i++ {
 		n += atomic.LoadUint64(p.u64(shmOffLost + 8*i))
 	}
@@ -340,6 +456,13 @@ func (p *Preload) Calls() map[string]uint64 {
 		}
 		if n > 0 {
 			out[op.String()] = n
+		}
+	}
+	if p.sys != nil {
+		for name, n := range p.sys.Calls() {
+			if op, ok := events.OpByName(name); ok && op.IsMemSyscall() {
+				out[name] += n
+			}
 		}
 	}
 	return out
@@ -367,6 +490,10 @@ func (p *Preload) Close() error {
 	}
 	if p.dir != "" {
 		os.RemoveAll(p.dir)
+	}
+	if p.sys != nil {
+		p.sys.conv = nil // the shared converter is closed above
+		p.sys.Close()
 	}
 	return nil
 }

@@ -53,6 +53,10 @@ type Options struct {
 	FloorAtEntry bool
 	// Warn receives warnings (a site refused, a missing symbol).
 	Warn func(string)
+	// SyscallsOnly places no uprobes: only the tracepoints, for the
+	// memory syscalls the preload recorder cannot see (glibc's own,
+	// inside free). Preload.AddSyscalls reads it.
+	SyscallsOnly bool
 }
 
 // Errors a user can hit, for distinct exit codes.
@@ -189,7 +193,20 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
 		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
 	}
-	return t.place(pid, exe)
+	if !t.opts.SyscallsOnly {
+		if err := t.place(pid, exe); err != nil {
+			return err
+		}
+	}
+	if exe != "" {
+		// A gated child: on before it execs, or the exec tracepoint that
+		// starts tracing it may run before Run turns tracing on, and its
+		// tracepoint events (thread creation...) are never recorded.
+		if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
+			return fmt.Errorf("turning tracing on: %w", err)
+		}
+	}
+	return nil
 }
 
 // Exec places the probes pid's new image needs, called while pid is held
@@ -201,7 +218,7 @@ func (t *Tracer) Exec(pid int) {
 	t.mu.Lock()
 	known := t.attached[pid]
 	t.mu.Unlock()
-	if !known {
+	if !known || t.opts.SyscallsOnly {
 		return
 	}
 	if err := t.place(pid, ""); err != nil {

@@ -110,20 +110,29 @@ func unpreloadable(argv []string) string {
 }
 
 // newRecorder opens the recorder f.recorder names. auto (for a target that
-// can be preloaded) takes eBPF where it is permitted, since only the
-// kernel sees the memory syscalls glibc makes inside free, and the
-// preloaded library otherwise; f.recorder then names the one chosen.
+// can be preloaded) is the preloaded library, plus, where eBPF is
+// permitted, the kernel's syscall tracepoint: it sees the memory syscalls
+// glibc makes inside free, which no interposition does.
 func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 	if f.recorder == recorderAuto {
-		t, err := tracer.New(opts)
-		if err == nil {
-			f.recorder = recorderEBPF
-			return t, nil
-		}
-		if !errors.Is(err, tracer.ErrPermission) {
+		f.recorder = recorderPreload
+		sysOpts := opts
+		sysOpts.SyscallsOnly = true
+		sys, err := tracer.New(sysOpts)
+		if err != nil && !errors.Is(err, tracer.ErrPermission) {
 			return nil, err
 		}
-		f.recorder = recorderPreload
+		p, perr := tracer.NewPreload(opts)
+		if perr != nil {
+			if sys != nil {
+				sys.Close()
+			}
+			return nil, perr
+		}
+		if sys != nil {
+			p.AddSyscalls(sys)
+		}
+		return p, nil
 	}
 	if f.recorder == recorderPreload {
 		p, err := tracer.NewPreload(opts)
@@ -139,9 +148,13 @@ func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 	return t, nil
 }
 
-// recorderName is what the trace header says recorded it.
-func recorderName(f *traceFlags) string {
-	if f.recorder == recorderPreload {
+// recorderName is what the trace header says recorded it: ebpf, preload,
+// or preload+sys_enter (with the kernel's syscall tracepoint).
+func recorderName(r recorder) string {
+	if p, ok := r.(*tracer.Preload); ok {
+		if p.Syscalls() {
+			return recorderPreload + "+sys_enter"
+		}
 		return recorderPreload
 	}
 	return recorderEBPF

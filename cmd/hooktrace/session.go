@@ -119,7 +119,7 @@ func newSession(f *traceFlags) (*session, error) {
 		StartUnix:  time.Now().UnixNano(),
 		StartNS:    tracer.MonotonicNow(),
 		Mode:       f.mode,
-		Recorder:   recorderName(f),
+		Recorder:   recorderName(tr),
 		UserProbes: probes,
 		Forbid:     f.forbid,
 	}

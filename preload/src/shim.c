@@ -19,16 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-typedef uint8_t __u8;
-typedef uint16_t __u16;
-typedef uint32_t __u32;
-typedef uint64_t __u64;
-typedef int32_t __s32;
-typedef int64_t __s64;
+#include <linux/types.h> /* __u32 and friends, as hooktrace.h uses them */
 #include "hooktrace.h"
 #include "shm.h"
 
@@ -235,23 +231,22 @@ static int init_process(void)
 		for (; *v >= '0' && *v <= '9'; v++)
 			fd = fd * 10 + (*v - '0');
 	}
-	if (fd > 0) {
-		void *head = mmap(NULL, SHM_HEADER_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (head != MAP_FAILED && ((__u64 *)head)[0] == SHM_MAGIC) {
-			unsigned char *h = head;
-			__u64 size = *(__u64 *)(h + SHM_OFF_DATA_SIZE), off = *(__u64 *)(h + SHM_OFF_DATA);
-			munmap(head, SHM_HEADER_BYTES);
-			void *all = mmap(NULL, off + size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-			if (all != MAP_FAILED) {
-				shm = all;
-				ring = shm + off;
-				ring_mask = size - 1;
-				cfg_flags = *H32(SHM_OFF_FLAGS);
-				my_pid = getpid();
-				active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
-			}
-		} else if (head != MAP_FAILED) {
-			munmap(head, SHM_HEADER_BYTES);
+	struct stat st;
+	/* One mapping of the whole memfd, sized by fstat: the recorder's own
+	 * memory syscalls are kept to one. */
+	if (fd > 0 && fstat(fd, &st) == 0 && st.st_size >= SHM_HEADER_BYTES) {
+		void *all = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (all != MAP_FAILED && *(__u64 *)all == SHM_MAGIC &&
+		    *(__u64 *)((unsigned char *)all + SHM_OFF_DATA) + *(__u64 *)((unsigned char *)all + SHM_OFF_DATA_SIZE) <=
+			    (__u64)st.st_size) {
+			shm = all;
+			ring = shm + *H64(SHM_OFF_DATA);
+			ring_mask = *H64(SHM_OFF_DATA_SIZE) - 1;
+			cfg_flags = *H32(SHM_OFF_FLAGS);
+			my_pid = getpid();
+			active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
+		} else if (all != MAP_FAILED) {
+			munmap(all, (size_t)st.st_size);
 		}
 	}
 	glibc_free = real.free && real.free == dlsym(RTLD_NEXT, "__libc_free");
