@@ -28,6 +28,9 @@ type Config struct {
 	Floor bool
 	// Preload records with the preloaded library instead of eBPF.
 	Preload bool
+	// TSan runs the workload rebuilt with -fsanitize=thread, untraced: the
+	// reference a user would otherwise reach for.
+	TSan bool
 }
 
 // Configs are the configurations, in the order they run in each round.
@@ -46,6 +49,7 @@ func Configs() []Config {
 			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
 		{Key: "preload-full", Name: "hooktrace --recorder preload (full)", Traced: true, Preload: true,
 			Opts: tracer.Options{Mode: tracer.ModeFull}},
+		{Key: "tsan", Name: "TSan rebuild (-fsanitize=thread), untraced", TSan: true},
 	}
 }
 
@@ -86,6 +90,9 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // traced or not, so every configuration pays the same start-up.
 func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	var res Result
+	if cfg.TSan {
+		argv = append([]string{argv[0] + TSanSuffix}, argv[1:]...)
+	}
 	var (
 		src source
 		tr  *tracer.Tracer
@@ -382,6 +389,7 @@ func (s Summary) Markdown(workload string) string {
 	_, entry := s.Row("entry")
 	_, agg := s.Row("aggregate")
 	if !agg {
+		s.preloadTargets(&b)
 		return b.String()
 	}
 	b.WriteString("\n| target | wall | CPU | goal | met |\n|---|---:|---:|---:|---|\n")
@@ -394,7 +402,28 @@ func (s Summary) Markdown(workload string) string {
 			t.EntryVs, t.EntryVsCPU, yes(t.EntryVs >= 5))
 	}
 	fmt.Fprintf(&b, "| lost events at default settings (worst run) | %d | | 0 | %s |\n", t.LostDefault, yes(t.LostDefault == 0))
+	s.preloadTargets(&b)
 	return b.String()
+}
+
+// preloadTargets adds the preload recorder's goals: within 3x of the
+// untraced run, and at least 5x faster than a TSan rebuild.
+func (s Summary) preloadTargets(b *strings.Builder) {
+	base, ok1 := s.Row("untraced")
+	pre, ok2 := s.Row("preload")
+	if !ok1 || !ok2 || base.Wall <= 0 || base.CPU <= 0 {
+		return
+	}
+	wall, cpu := float64(pre.Wall)/float64(base.Wall), float64(pre.CPU)/float64(base.CPU)
+	fmt.Fprintf(b, "| preload (aggregate) / untraced | %.2f | %.2f | ≤ 3 | %s |\n", wall, cpu, yes(wall <= 3))
+	if ts, ok := s.Row("tsan"); ok && pre.Wall > 0 && pre.CPU > 0 {
+		w, c := float64(ts.Wall)/float64(pre.Wall), float64(ts.CPU)/float64(pre.CPU)
+		fmt.Fprintf(b, "| TSan rebuild / preload | %.1f | %.1f | ≥ 5 | %s |\n", w, c, yes(w >= 5))
+	}
+	if a, ok := s.Row("aggregate"); ok && pre.Wall > 0 {
+		fmt.Fprintf(b, "| eBPF aggregate / preload | %.1f | %.1f | | |\n", float64(a.Wall)/float64(pre.Wall), float64(a.CPU)/float64(pre.CPU))
+	}
+	fmt.Fprintf(b, "| preload lost events (worst run) | %d | | 0 | %s |\n", pre.Lost, yes(pre.Lost == 0))
 }
 
 func yes(ok bool) string {
@@ -408,12 +437,22 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.3f s", d.Seconds())
 }
 
-// Build compiles the workload C file with gcc into dir.
-func Build(src, dir string) (string, error) {
+// TSanSuffix names the -fsanitize=thread build next to the workload.
+const TSanSuffix = "-tsan"
+
+// Build compiles the workload C file with gcc into dir, and with tsan also
+// a -fsanitize=thread build (libtsan) named with TSanSuffix.
+func Build(src, dir string, tsan bool) (string, error) {
 	out := dir + "/workload"
 	b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out, src).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("gcc: %v\n%s", err, b)
+	}
+	if tsan {
+		b, err := exec.Command("gcc", "-O2", "-g", "-fsanitize=thread", "-pthread", "-o", out+TSanSuffix, src).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("gcc -fsanitize=thread (needs libtsan): %v\n%s", err, b)
+		}
 	}
 	return out, nil
 }

@@ -56,12 +56,16 @@ func BenchmarkOverhead(b *testing.B) {
 	if !ran {
 		b.Skip("the rounds already ran")
 	}
-	prog, err := Build(filepath.Join("testdata", "workload.c"), b.TempDir())
+	cfgs := selected(b)
+	tsan := false
+	for _, c := range cfgs {
+		tsan = tsan || c.TSan
+	}
+	prog, err := Build(filepath.Join("testdata", "workload.c"), b.TempDir(), tsan)
 	if err != nil {
 		b.Fatal(err)
 	}
 	argv := []string{prog, strconv.Itoa(*iters), strconv.Itoa(*threads), strconv.Itoa(*size)}
-	cfgs := selected(b)
 	warned := map[string]bool{}
 	warn := func(s string) {
 		if !warned[s] {
@@ -126,7 +130,7 @@ func selected(b *testing.B) []Config {
 		}
 	}
 	for k := range want {
-		b.Fatalf("unknown configuration %q (untraced, floor, entry, aggregate, full, preload, preload-full)", k)
+		b.Fatalf("unknown configuration %q (untraced, floor, entry, aggregate, full, preload, preload-full, tsan)", k)
 	}
 	return out
 }
