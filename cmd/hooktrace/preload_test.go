@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -305,5 +306,40 @@ func TestPreloadHangUnprivileged(t *testing.T) {
 		if text := edgeStackText(&f.Edges[i]); strings.Contains(text, "libhooktrace_preload") {
 			t.Errorf("edge %d shows the recorder's own frames:%s", i, text)
 		}
+	}
+}
+
+// TestPreloadBehaves: under the recorder, errno and the return values of
+// the allocator and lock calls are the untraced ones, and a signal handler
+// that locks while the main thread is inside the recorder runs normally
+// and is counted exactly.
+func TestPreloadBehaves(t *testing.T) {
+	prog := buildC(t, "behaves")
+	stdout, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--format", "json", "--fail-on", "none", "--", prog)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	var handled uint64
+	if _, err := fmt.Sscanf(stderr[strings.Index(stderr, "handled "):], "handled %d", &handled); err != nil || handled == 0 {
+		t.Fatalf("no signal handler runs reported (%v):\n%s", err, stderr)
+	}
+	var r struct {
+		Stats struct {
+			Calls  map[string]uint64 `json:"calls"`
+			Traces []struct {
+				ExitStatus *int `json:"exit_status"`
+			} `json:"traces"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Stats.Traces) != 1 || r.Stats.Traces[0].ExitStatus == nil || *r.Stats.Traces[0].ExitStatus != 0 {
+		t.Errorf("the program's own checks failed:\n%s", stderr)
+	}
+	// The main thread's trylock, then one per handler run; its unlocks:
+	// one, 300000 in the loop, and one per handler run.
+	if c := r.Stats.Calls; c["pthread_mutex_trylock"] != handled+1 || c["pthread_mutex_unlock"] != 300001+handled {
+		t.Errorf("%d handler runs; calls %v", handled, c)
 	}
 }

@@ -334,8 +334,11 @@ static void ring_output(const void *rec, __u32 len, __u32 type)
 
 static void count_call(struct tstate *t, __u32 op)
 {
+	/* One instruction, so a signal handler's count on this thread (which
+	 * lands between instructions) is never lost; no lock prefix: the
+	 * slot has one writer. */
 	if (likely(t->calls != NULL))
-		__atomic_store_n(&t->calls[op], t->calls[op] + 1, __ATOMIC_RELAXED);
+		__asm__ volatile("incq %0" : "+m"(t->calls[op]));
 	else
 		__atomic_fetch_add(H64(SHM_OFF_SHARED) + op, 1, __ATOMIC_RELAXED);
 }
@@ -380,6 +383,21 @@ static struct tstate *enter(void)
 	if (unlikely(first))
 		exec_event(t);
 	return t;
+}
+
+/* enter for an interposed call of op. Inside the shim (the guard is set)
+ * the call is forwarded unrecorded, but counted when it is the target's:
+ * a signal handler that interrupted the shim, not the shim's own
+ * bootstrap. */
+static struct tstate *enter_op(__u32 op)
+{
+	struct tstate *t = &ts;
+	if (unlikely(t->guard)) {
+		if (t->inited && active && !resolving)
+			count_call(t, op);
+		return NULL;
+	}
+	return enter();
 }
 
 static void leave(struct tstate *t)
@@ -759,7 +777,7 @@ static void rec_simple(struct tstate *t, __u32 op, __u64 addr, __u64 arg, __u64 
 /* An allocator interposer: record, then call inside the depth counter, so
  * that what the allocator does meanwhile (a hook it runs) is flagged. */
 #define ALLOC_CALL(op, field, rtype, call, addr, size, arg)                                   \
-	struct tstate *t = enter();                                                            \
+	struct tstate *t = enter_op(op);                                                            \
 	if (!t)                                                                                \
 		return call;                                                                   \
 	rec_alloc(t, op, (__u64)real.field, FRAME, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
@@ -833,7 +851,7 @@ EXPORT void free(void *p)
 			return;
 		resolve_real();
 	}
-	struct tstate *t = enter();
+	struct tstate *t = enter_op(OP_FREE);
 	if (!t) {
 		real.free(p);
 		return;
@@ -881,7 +899,7 @@ EXPORT void *pvalloc(size_t n)
 
 #define ACQUIRE(op, field, call, lock)                              \
 	ENSURE(field);                                              \
-	struct tstate *t = enter();                                 \
+	struct tstate *t = enter_op(op);                                 \
 	if (t) {                                                    \
 		rec_acquire(t, op, (__u64)(lock), (__u64)real.field, FRAME); \
 		leave(t);                                           \
@@ -890,7 +908,7 @@ EXPORT void *pvalloc(size_t n)
 
 #define TRY(op, field, call, lock, addr2)                    \
 	ENSURE(field);                                       \
-	struct tstate *t = enter();                          \
+	struct tstate *t = enter_op(op);                          \
 	if (!t)                                              \
 		return call;                                 \
 	count_call(t, op);                                   \
@@ -905,7 +923,7 @@ EXPORT void *pvalloc(size_t n)
 
 #define RELEASE(op, field, call, lock)       \
 	ENSURE(field);                       \
-	struct tstate *t = enter();          \
+	struct tstate *t = enter_op(op);          \
 	if (t) {                             \
 		rec_release(t, op, (__u64)(lock)); \
 		leave(t);                    \
@@ -941,7 +959,7 @@ EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
 {
 	ENSURE(mutex_init);
 	int r = real.mutex_init(m, a);
-	struct tstate *t = enter();
+	struct tstate *t = enter_op(OP_MUTEX_INIT);
 	if (t) {
 		/* Read after the init: the kind the attributes gave. */
 		rec_simple(t, OP_MUTEX_INIT, (__u64)m, mutex_kind(OP_MUTEX_INIT, (__u64)m), (__u64)real.mutex_init,
@@ -954,7 +972,7 @@ EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
 EXPORT int pthread_mutex_destroy(pthread_mutex_t *m)
 {
 	ENSURE(mutex_destroy);
-	struct tstate *t = enter();
+	struct tstate *t = enter_op(OP_MUTEX_DESTROY);
 	if (t) {
 		rec_simple(t, OP_MUTEX_DESTROY, (__u64)m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m), 0, NULL);
 		leave(t);
@@ -1057,7 +1075,7 @@ static void cond_return(struct tstate *t, __u32 op, pthread_cond_t *c, pthread_m
 
 #define COND(op, field, call)                                  \
 	ENSURE(field);                                         \
-	struct tstate *t = enter();                            \
+	struct tstate *t = enter_op(op);                            \
 	if (!t)                                                \
 		return call;                                   \
 	cond_enter(t, op, c, m, (__u64)real.field, FRAME);     \
