@@ -529,10 +529,18 @@ static void send_with_stack(struct tstate *t, struct event *e, __u64 fn, __u64 *
 	event_send(e);
 }
 
+/* The lock's attributes the analyzer uses, as Event.Arg: a mutex's type
+ * (__kind, offset 16 on x86-64 glibc), a rwlock's preference (__flags,
+ * offset 48: PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP makes reads
+ * queue behind writers). */
 static __u32 mutex_kind(__u32 op, __u64 lock)
 {
-	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY && lock)
-		return *(__u32 *)(lock + 16); /* __kind on x86-64 glibc */
+	if (!lock)
+		return 0;
+	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
+		return *(__u32 *)(lock + 16);
+	if (op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_CLOCKWRLOCK)
+		return *(__u32 *)(lock + 48);
 	return 0;
 }
 
