@@ -348,3 +348,36 @@ func TestPreloadBehaves(t *testing.T) {
 		t.Errorf("%d handler runs; calls %v", handled, c)
 	}
 }
+
+// TestRecorderErrors: what cannot be recorded says why, in one line.
+func TestRecorderErrors(t *testing.T) {
+	prog := buildC(t, "inversion")
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		says string
+	}{
+		{"unknown recorder", []string{"run", "--recorder", "bogus", "--", prog}, exitUsage, "want ebpf, preload or auto"},
+		{"probe under preload", []string{"run", "--recorder", "preload", "--probe", "take_a_then_b", "--", prog}, exitUsage, "need --recorder ebpf"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, stderr, code := hooktrace(t, nil, c.args...)
+			if code != c.code || !strings.Contains(stderr, c.says) {
+				t.Errorf("exit %d (want %d), stderr %q (want it to say %q)", code, c.code, stderr, c.says)
+			}
+		})
+	}
+	// A static program cannot be preloaded: auto needs eBPF, which an
+	// ordinary user may not load.
+	static := filepath.Join(t.TempDir(), "static")
+	if out, err := exec.Command("gcc", "-static", "-O2", "-pthread", "-o", static, filepath.Join("..", "..", "testdata", "inversion.c")).CombinedOutput(); err != nil {
+		t.Fatalf("gcc -static: %v\n%s", err, out)
+	}
+	cmd := asNobody(t, static, hooktraceBin, "run", "--", static)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitPermission || !strings.Contains(string(out), "statically linked") {
+		t.Errorf("static target as nobody: %v, %q; want exit %d saying it is statically linked", err, out, exitPermission)
+	}
+}

@@ -177,6 +177,9 @@ func resolveRecorder(f *traceFlags, argv []string) error {
 		f.recorder, f.autoWhy = recorderEBPF, "--probe and --forbid are traced by uprobes"
 		return nil
 	}
+	if f.recorder == recorderPreload && (len(f.probes) > 0 || len(f.forbid) > 0) {
+		return usageError{fmt.Errorf("--probe and --forbid need --recorder ebpf: a function called inside its own object does not go through the PLT the preload recorder interposes")}
+	}
 	choice, err := chooseRecorder(f.recorder, argv)
 	var auto errAutoEBPF
 	if errors.As(err, &auto) {
