@@ -381,3 +381,45 @@ func TestRecorderErrors(t *testing.T) {
 		t.Errorf("static target as nobody: %v, %q; want exit %d saying it is statically linked", err, out, exitPermission)
 	}
 }
+
+// TestDemoUnprivileged: an ordinary user runs the demo and gets the same
+// two verdicts as root: the legacy cache's cycle through vma_lock and the
+// arena lock, through the hook inside free, and none for the fixed one.
+func TestDemoUnprivileged(t *testing.T) {
+	cache := t.TempDir()
+	cmd := asNobody(t, cache+"/x", hooktraceBin, "demo", "--format", "json", "--cache-dir", cache)
+	os.Chmod(cache, 0o777) // the demo compiles its cache there
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("demo as nobody: %v\n%s", err, stderr.String())
+	}
+	var both map[string]json.RawMessage
+	if err := json.Unmarshal(out, &both); err != nil {
+		t.Fatalf("demo output is not JSON: %v\n%s", err, out)
+	}
+	_, legacy := findingsOf(t, string(both["legacy"]))
+	_, fixed := findingsOf(t, string(both["fixed"]))
+	found := false
+	for i := range legacy {
+		f := &legacy[i]
+		locks := strings.Join(f.Locks, "; ")
+		if f.Kind == "lock-order-cycle" && f.Severity == "error" && strings.Contains(locks, "vma_lock (librcache.so)") && strings.Contains(locks, "arena") {
+			found = true
+			for j := range f.Edges {
+				if strings.Contains(f.Edges[j].From, "arena") && (!edgeStackHas(&f.Edges[j], "rc_intercept_madvise") || !edgeStackHas(&f.Edges[j], "_int_free")) {
+					t.Errorf("arena → vma_lock edge lacks the hook inside free:%s", edgeStackText(&f.Edges[j]))
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("legacy: no error cycle through vma_lock and the arena: %+v", legacy)
+	}
+	for _, f := range fixed {
+		if f.Severity == "error" {
+			t.Errorf("fixed: error finding %s: %s", f.Kind, f.Title)
+		}
+	}
+}
