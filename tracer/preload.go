@@ -41,7 +41,7 @@ const (
 	shmOffLost    = 192
 	shmOffShared  = 512
 	shmOffSlots   = 1024
-	shmHeader     = shmOffSlots + shmSlots*shmSlotOps*8
+	shmHeader     = shmOffProbes + shmProbes*shmProbeBytes
 	shmRecHdr     = 16
 	shmKindData   = 0
 	shmKindPad    = 1
@@ -111,8 +111,8 @@ func NewPreload(opts Options) (*Preload, error) {
 	if opts.Warn == nil {
 		opts.Warn = func(string) {}
 	}
-	if len(opts.UserProbes) > 0 {
-		return nil, fmt.Errorf("--probe and --forbid need the ebpf recorder for now")
+	if len(opts.UserProbes) > shmProbes {
+		return nil, fmt.Errorf("%d functions to probe: the preload recorder takes at most %d", len(opts.UserProbes), shmProbes)
 	}
 	size := opts.RingBytes
 	if size == 0 {
@@ -226,11 +226,18 @@ func (p *Preload) Attach(pid int, exe string) error {
 		// Which allocator the target will use, for the header: the
 		// shim forwards to it and knows exactly when a call is inside
 		// it, so the converter needs no address range.
-		if plan, err := planSites(pid, exe, nil, false, func(string) {}); err == nil {
-			if a := findAllocator(plan); a != nil {
-				p.allocator = a.name
+		plan, err := planSites(pid, exe, p.opts.UserProbes, false, func(string) {})
+		if err != nil {
+			if len(p.opts.UserProbes) > 0 {
+				return err
 			}
+			return nil
 		}
+		if a := findAllocator(plan); a != nil {
+			p.allocator = a.name
+		}
+		// And where the user's probes go.
+		return p.writeProbes(plan, exe)
 	}
 	return nil
 }

@@ -359,7 +359,9 @@ func TestRecorderErrors(t *testing.T) {
 		says string
 	}{
 		{"unknown recorder", []string{"run", "--recorder", "bogus", "--", prog}, exitUsage, "want ebpf, preload or auto"},
-		{"probe under preload", []string{"run", "--recorder", "preload", "--probe", "take_a_then_b", "--", prog}, exitUsage, "need --recorder ebpf"},
+		// progress_user is a tail call: its first instruction is a jump,
+		// which would not do the same from a displaced copy.
+		{"probe not displaceable", []string{"run", "--recorder", "preload", "--probe", "progress_user", "--", buildC(t, "progress")}, exitFailure, "transfers control; use --recorder ebpf"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, stderr, code := hooktrace(t, nil, c.args...)
@@ -421,5 +423,39 @@ func TestDemoUnprivileged(t *testing.T) {
 		if f.Severity == "error" {
 			t.Errorf("fixed: error finding %s: %s", f.Kind, f.Title)
 		}
+	}
+}
+
+// TestPreloadForbidUnprivileged: the UPC++ progress-level rule for an
+// ordinary user. run_user_rpcs is called inside the executable (no PLT):
+// the shim breaks on its entry in the process and resumes at a displaced
+// copy of its first instruction (a rip-relative load, relocated), and
+// swaps the return address for its exit. The finding is eBPF's: three
+// nested calls, the stack through verify_segment to main; the fixed twin
+// has none, and the program computes the same.
+func TestPreloadForbidUnprivileged(t *testing.T) {
+	prog := buildC(t, "progress")
+	run := func(args ...string) ([]finding, string) {
+		argv := append([]string{hooktraceBin, "run", "--recorder", "preload", "--forbid", "verify_segment>run_user_rpcs",
+			"--format", "json", "--fail-on", "none", "--", prog}, args...)
+		cmd := asNobody(t, prog, argv...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("hooktrace as nobody: %v\n%s", err, stderr.String())
+		}
+		return findings(t, string(out)), stderr.String()
+	}
+	fs, stderr := run()
+	if !strings.Contains(stderr, "rpcs 4") {
+		t.Errorf("the program did not run as untraced:\n%s", stderr)
+	}
+	nest := ofKind(fs, "forbidden-nesting", "error")
+	if len(nest) != 1 || !nest[0].edgeStackHas(0, "run_user_rpcs", "verify_segment", "main") {
+		t.Fatalf("want 1 forbidden-nesting error through verify_segment and main, got %v", fs)
+	}
+	if fs, stderr := run("fixed"); len(ofKind(fs, "forbidden-nesting", "error")) != 0 || !strings.Contains(stderr, "rpcs 1") {
+		t.Errorf("fixed: want no finding and rpcs 1, got %v\n%s", fs, stderr)
 	}
 }

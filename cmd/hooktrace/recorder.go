@@ -171,15 +171,6 @@ func startGated(s *session, argv []string) (*tracer.Gated, error) {
 
 // resolveRecorder settles --recorder for run before the session opens.
 func resolveRecorder(f *traceFlags, argv []string) error {
-	if (f.recorder == "" || f.recorder == recorderAuto) && (len(f.probes) > 0 || len(f.forbid) > 0) {
-		// Functions called inside one object do not go through the PLT:
-		// the preload recorder cannot see them yet.
-		f.recorder, f.autoWhy = recorderEBPF, "--probe and --forbid are traced by uprobes"
-		return nil
-	}
-	if f.recorder == recorderPreload && (len(f.probes) > 0 || len(f.forbid) > 0) {
-		return usageError{fmt.Errorf("--probe and --forbid need --recorder ebpf: a function called inside its own object does not go through the PLT the preload recorder interposes")}
-	}
 	choice, err := chooseRecorder(f.recorder, argv)
 	var auto errAutoEBPF
 	if errors.As(err, &auto) {

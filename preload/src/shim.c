@@ -12,6 +12,9 @@
  * shim) are forwarded unrecorded. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
+#include <signal.h>
+#include <ucontext.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -188,6 +191,13 @@ struct tstate {
 	struct held_lock held_locks[MAX_HELD];
 	__u64 cache_key[4];
 	__u64 cache_stack[4];
+	/* Return addresses of probed functions, swapped for the exit stub. */
+	__u32 nshadow;
+	struct shadow {
+		__u64 slot; /* where on the stack */
+		__u64 ret;  /* what was there */
+		__u32 index;
+	} shadow[32];
 };
 
 static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
@@ -195,6 +205,20 @@ static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
 static struct tstate *tstate_self(void)
 {
 	return &ts;
+}
+
+extern char probe_exit_stub[] __attribute__((visibility("hidden")));
+
+/* The return address in a stack slot, as the program put it there: a
+ * probed function's is swapped for the exit stub while it runs. */
+static __u64 real_ret(struct tstate *t, __u64 slot, __u64 v)
+{
+	if (v != (__u64)probe_exit_stub)
+		return v;
+	for (__u32 i = t->nshadow; i-- > 0;)
+		if (t->shadow[i].slot == slot)
+			return t->shadow[i].ret;
+	return v;
 }
 
 /* The shim's own image: its frames (a thread's start routine returns into
@@ -425,10 +449,11 @@ static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *tru
 		if (!hi || fp <= lo || fp + 16 > hi || (fp & 7))
 			break;
 		__u64 *f = (__u64 *)fp;
-		if (!f[1])
+		__u64 ra = real_ret(t, fp + 8, f[1]);
+		if (!ra)
 			break;
-		if (!in_shim(f[1]))
-			ips[n++] = f[1];
+		if (!in_shim(ra))
+			ips[n++] = ra;
 		lo = fp;
 		fp = f[0];
 	}
@@ -436,14 +461,13 @@ static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *tru
 	return n;
 }
 
-static __u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
+/* Sends the stack in r (once per hash, as far as this process knows) and
+ * returns its hash. */
+static __u64 send_stack(struct stack *r, __u32 nr, int truncated)
 {
-	struct stack r;
-	int truncated;
-	__u32 nr = walk(t, r.ips, fn, frame, &truncated);
 	__u64 hash = 0xcbf29ce484222325ULL ^ my_pid;
 	for (__u32 i = 0; i < nr; i++) {
-		hash ^= r.ips[i];
+		hash ^= r->ips[i];
 		hash *= 0x100000001b3ULL;
 	}
 	hash &= ~(1ULL << 63); /* the top bit marks sample ids */
@@ -452,29 +476,34 @@ static __u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
 	__u64 *slot = &stacks_sent[hash & ((1 << 12) - 1)];
 	if (__atomic_load_n(slot, __ATOMIC_RELAXED) == hash)
 		return hash;
-	r.type = REC_STACK;
-	r.nr = nr;
-	r.pid = my_pid;
-	r.truncated = truncated;
-	r.hash = hash;
-	memset(&r.ips[nr], 0, (MAX_FRAMES - nr) * sizeof(__u64));
-	ring_output(&r, sizeof(r), REC_STACK);
+	r->type = REC_STACK;
+	r->nr = nr;
+	r->pid = my_pid;
+	r->truncated = truncated;
+	r->hash = hash;
+	memset(&r->ips[nr], 0, (MAX_FRAMES - nr) * sizeof(__u64));
+	ring_output(r, sizeof(*r), REC_STACK);
 	__atomic_store_n(slot, hash, __ATOMIC_RELAXED);
 	return hash;
 }
 
-/* Raw stack memory from the interposer's return-address slot up, with the
- * registers a probe at fn's entry would see, for hooktrace's .eh_frame
- * unwinder; returns its id (top bit set). */
-static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
+static __u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
 {
-	__u64 sp = (__u64)&frame[1];
+	struct stack r;
+	int truncated;
+	__u32 nr = walk(t, r.ips, fn, frame, &truncated);
+	return send_stack(&r, nr, truncated);
+}
+
+/* Raw stack memory from sp up, with the registers a probe at ip would
+ * see, for hooktrace's .eh_frame unwinder; returns its id (top bit set). */
+static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __u64 until)
+{
 	__u64 len = SAMPLE_BYTES;
-	__u64 until = t->alloc_sp > sp ? t->alloc_sp : sp;
-	if (until - sp + 2048 < len)
+	if (until > sp && until - sp + 2048 < len)
 		len = until - sp + 2048;
 	/* Only the live stack may be read. */
-	__u64 top = t->stack_hi ? t->stack_hi : until + 16;
+	__u64 top = t->stack_hi ? t->stack_hi : (until > sp ? until : sp) + 16;
 	if (sp + len > top)
 		len = top > sp ? top - sp : 0;
 	len &= ~7ULL;
@@ -494,12 +523,24 @@ static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
 	r->pid = my_pid;
 	r->pad = 0;
 	r->hash = id;
-	r->ip = fn;
+	r->ip = ip;
 	r->sp = sp;
-	r->bp = frame[0];
+	r->bp = bp;
 	memcpy(r->data, (void *)sp, len);
+	for (__u32 i = 0; i < t->nshadow; i++) {
+		__u64 slot = t->shadow[i].slot;
+		if (slot >= sp && slot + 8 <= sp + len)
+			memcpy(r->data + (slot - sp), &t->shadow[i].ret, 8);
+	}
 	ring_commit(p, pos);
 	return id;
+}
+
+/* A sample from an interposer's return-address slot up, with the
+ * registers a probe at fn's entry would see. */
+static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
+{
+	return take_sample_regs(t, fn, (__u64)&frame[1], frame[0], t->alloc_sp);
 }
 
 /* ---- events ------------------------------------------------------------- */
@@ -1252,6 +1293,279 @@ EXPORT pid_t fork(void)
 	return r;
 }
 
+/* ---- --probe: breakpoints handled in the process ---------------------- */
+
+/* A function the user named, reached by calls inside its own object as
+ * well as through the PLT: its first byte is an int3, the SIGTRAP handler
+ * records the entry and resumes at a copy of the first instruction, which
+ * jumps back after it. Nothing is restored in between, so other threads
+ * never run past an unarmed entry. */
+static struct probe {
+	__u64 addr;
+	__u8 *displaced;
+	__u32 index;
+} probes[SHM_PROBES];
+static int nprobes;
+static struct sigaction old_trap;
+
+static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
+{
+	__u64 sp = (__u64)uc->uc_mcontext.gregs[REG_RSP];
+	__u64 bp = (__u64)uc->uc_mcontext.gregs[REG_RBP];
+	count_call(t, OP_PROBE_ENTER);
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, OP_PROBE_ENTER);
+	e.arg = pr->index;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	/* The whole stack, unwound by hooktrace with .eh_frame: the rule
+	 * OUTER>INNER looks for OUTER among INNER's callers. */
+	if (cfg_flags & SHM_F_SAMPLES)
+		e.stack = take_sample_regs(t, pr->addr, sp, bp, 0);
+	if (!e.stack) {
+		struct stack r;
+		__u32 n = 0;
+		r.ips[n++] = pr->addr;
+		if (t->stack_hi && sp + 8 <= t->stack_hi)
+			r.ips[n++] = real_ret(t, sp, *(__u64 *)sp);
+		__u64 lo = sp, fp = bp;
+		while (n < MAX_FRAMES && t->stack_hi && fp > lo && fp + 16 <= t->stack_hi && !(fp & 7)) {
+			__u64 *f = (__u64 *)fp;
+			__u64 ra = real_ret(t, fp + 8, f[1]);
+			if (!ra)
+				break;
+			r.ips[n++] = ra;
+			lo = fp;
+			fp = f[0];
+		}
+		e.stack = send_stack(&r, n, n == MAX_FRAMES);
+	}
+	event_send(&e);
+	/* The exit: the return address goes through the exit stub, as a
+	 * uretprobe's does through the kernel's trampoline. */
+	if (t->nshadow < sizeof(t->shadow) / sizeof(t->shadow[0]) && t->stack_hi && sp + 8 <= t->stack_hi) {
+		t->shadow[t->nshadow++] = (struct shadow){sp, *(__u64 *)sp, pr->index};
+		*(__u64 *)sp = (__u64)probe_exit_stub;
+	}
+}
+
+/* Called by the exit stub with the function's return value and the slot
+ * its return address was in; returns where to go back to. Entries above
+ * the slot are of frames a longjmp left. */
+__attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 slot)
+{
+	struct tstate *t = &ts;
+	while (t->nshadow > 0 && t->shadow[t->nshadow - 1].slot < slot)
+		t->nshadow--;
+	if (t->nshadow == 0 || t->shadow[t->nshadow - 1].slot != slot)
+		abort(); /* no way back: the stack was changed under the recorder */
+	struct shadow sh = t->shadow[--t->nshadow];
+	int saved = errno;
+	if (!t->guard && active) {
+		t->guard = 1;
+		count_call(t, OP_PROBE_EXIT);
+		struct event e;
+		event_init(&e, t, OP_PROBE_EXIT);
+		e.flags = F_RETURN;
+		e.arg = sh.index;
+		e.ret = (__s64)rax;
+		event_send(&e);
+		t->guard = 0;
+	}
+	errno = saved;
+	return sh.ret;
+}
+
+/* The exit stub: keeps every register and the flags (a caller compiled
+ * with interprocedural register allocation may keep values in
+ * caller-saved registers across a call it knows), asks probe_exit_c where
+ * to go back to, and goes there with ret through a slot reserved first.
+ * The stack is 16-byte aligned at the call. */
+__asm__(".text\n"
+	".type probe_exit_stub,@function\n"
+	"probe_exit_stub:\n"
+	"\tsub $8, %rsp\n"
+	"\tpushfq\n"
+	"\tpush %rax\n"
+	"\tpush %rcx\n"
+	"\tpush %rdx\n"
+	"\tpush %rsi\n"
+	"\tpush %rdi\n"
+	"\tpush %r8\n"
+	"\tpush %r9\n"
+	"\tpush %r10\n"
+	"\tpush %r11\n"
+	"\tsub $264, %rsp\n"
+	"\tmovdqu %xmm0, 0(%rsp)\n"
+	"\tmovdqu %xmm1, 16(%rsp)\n"
+	"\tmovdqu %xmm2, 32(%rsp)\n"
+	"\tmovdqu %xmm3, 48(%rsp)\n"
+	"\tmovdqu %xmm4, 64(%rsp)\n"
+	"\tmovdqu %xmm5, 80(%rsp)\n"
+	"\tmovdqu %xmm6, 96(%rsp)\n"
+	"\tmovdqu %xmm7, 112(%rsp)\n"
+	"\tmovdqu %xmm8, 128(%rsp)\n"
+	"\tmovdqu %xmm9, 144(%rsp)\n"
+	"\tmovdqu %xmm10, 160(%rsp)\n"
+	"\tmovdqu %xmm11, 176(%rsp)\n"
+	"\tmovdqu %xmm12, 192(%rsp)\n"
+	"\tmovdqu %xmm13, 208(%rsp)\n"
+	"\tmovdqu %xmm14, 224(%rsp)\n"
+	"\tmovdqu %xmm15, 240(%rsp)\n"
+	"\tmov 328(%rsp), %rdi\n"
+	"\tlea 344(%rsp), %rsi\n"
+	"\tcall probe_exit_c\n"
+	"\tmov %rax, 344(%rsp)\n"
+	"\tmovdqu 0(%rsp), %xmm0\n"
+	"\tmovdqu 16(%rsp), %xmm1\n"
+	"\tmovdqu 32(%rsp), %xmm2\n"
+	"\tmovdqu 48(%rsp), %xmm3\n"
+	"\tmovdqu 64(%rsp), %xmm4\n"
+	"\tmovdqu 80(%rsp), %xmm5\n"
+	"\tmovdqu 96(%rsp), %xmm6\n"
+	"\tmovdqu 112(%rsp), %xmm7\n"
+	"\tmovdqu 128(%rsp), %xmm8\n"
+	"\tmovdqu 144(%rsp), %xmm9\n"
+	"\tmovdqu 160(%rsp), %xmm10\n"
+	"\tmovdqu 176(%rsp), %xmm11\n"
+	"\tmovdqu 192(%rsp), %xmm12\n"
+	"\tmovdqu 208(%rsp), %xmm13\n"
+	"\tmovdqu 224(%rsp), %xmm14\n"
+	"\tmovdqu 240(%rsp), %xmm15\n"
+	"\tadd $264, %rsp\n"
+	"\tpop %r11\n"
+	"\tpop %r10\n"
+	"\tpop %r9\n"
+	"\tpop %r8\n"
+	"\tpop %rdi\n"
+	"\tpop %rsi\n"
+	"\tpop %rdx\n"
+	"\tpop %rcx\n"
+	"\tpop %rax\n"
+	"\tpopfq\n"
+	"\tret\n"
+	".size probe_exit_stub, .-probe_exit_stub\n");
+
+static void on_trap(int sig, siginfo_t *si, void *ucv)
+{
+	ucontext_t *uc = ucv;
+	__u64 at = (__u64)uc->uc_mcontext.gregs[REG_RIP] - 1;
+	for (int i = 0; i < nprobes; i++) {
+		if (probes[i].addr != at)
+			continue;
+		int saved = errno;
+		struct tstate *t = enter();
+		if (t) {
+			probe_hit(t, &probes[i], uc);
+			leave(t);
+		}
+		errno = saved;
+		uc->uc_mcontext.gregs[REG_RIP] = (greg_t)probes[i].displaced;
+		return;
+	}
+	/* Not ours: what the program would have had. */
+	if (old_trap.sa_flags & SA_SIGINFO) {
+		old_trap.sa_sigaction(sig, si, ucv);
+	} else if (old_trap.sa_handler != SIG_DFL && old_trap.sa_handler != SIG_IGN) {
+		old_trap.sa_handler(sig);
+	} else {
+		sigaction(SIGTRAP, &old_trap, NULL);
+		raise(SIGTRAP);
+	}
+}
+
+struct probe_search {
+	const struct shm_probe *want;
+	__u64 addr;
+};
+
+static const char *base_name(const char *p)
+{
+	const char *b = p;
+	for (; *p; p++)
+		if (*p == '/')
+			b = p + 1;
+	return b;
+}
+
+static int find_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct probe_search *ps = data;
+	const char *name = info->dlpi_name ? info->dlpi_name : "";
+	int is_exe = name[0] == 0 && !ps->addr;
+	if ((ps->want->object[0] == 0 && is_exe) ||
+	    (ps->want->object[0] && name[0] && strcmp(base_name(name), ps->want->object) == 0)) {
+		ps->addr = info->dlpi_addr + ps->want->vaddr;
+		return 1;
+	}
+	return 0;
+}
+
+/* Arms the probes of the table, in the constructor: before main, before
+ * any thread but this one runs. A function whose live first bytes are not
+ * the file's (a runtime patched it) is left alone. */
+static void install_probes(void)
+{
+	__u32 n = *H32(SHM_OFF_NPROBES);
+	if (n == 0 || n > SHM_PROBES)
+		return;
+	long page = sysconf(_SC_PAGESIZE);
+	for (__u32 i = 0; i < n; i++) {
+		const struct shm_probe *sp = (const struct shm_probe *)(shm + SHM_OFF_PROBES + i * SHM_PROBE_BYTES);
+		struct probe_search ps = {sp, 0};
+		dl_iterate_phdr(find_object, &ps);
+		if (!ps.addr || sp->len == 0 || sp->len > 15 || memcmp((void *)ps.addr, sp->insn, sp->len) != 0)
+			continue;
+		/* The displaced copy goes within 2 GiB of the function, so a
+		 * rip-relative operand can still reach its target. */
+		__u8 *tramp = MAP_FAILED;
+		for (__u64 k = 1; k <= 512 && tramp == MAP_FAILED; k++) {
+			__u64 hint = (ps.addr & ~(__u64)(page - 1)) - k * (1ULL << 20);
+			tramp = mmap((void *)hint, (size_t)page, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		}
+		if (tramp == MAP_FAILED)
+			continue;
+		memcpy(tramp, sp->insn, sp->len);
+		if (sp->disp_at) {
+			__s32 disp;
+			memcpy(&disp, tramp + sp->disp_at, 4);
+			__s64 moved = (__s64)disp + (__s64)ps.addr - (__s64)(__u64)tramp;
+			if (moved != (__s32)moved) {
+				munmap(tramp, (size_t)page);
+				continue;
+			}
+			disp = (__s32)moved;
+			memcpy(tramp + sp->disp_at, &disp, 4);
+		}
+		/* Then jmp *0(%rip) back to the next instruction. */
+		__u8 *j = tramp + sp->len;
+		j[0] = 0xff, j[1] = 0x25, j[2] = j[3] = j[4] = j[5] = 0;
+		__u64 back = ps.addr + sp->len;
+		memcpy(j + 6, &back, 8);
+		mprotect(tramp, (size_t)page, PROT_READ | PROT_EXEC);
+		probes[nprobes] = (struct probe){ps.addr, tramp, sp->index};
+		nprobes++;
+	}
+	if (nprobes == 0)
+		return;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_trap;
+	sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
+	sigfillset(&sa.sa_mask);
+	sigaction(SIGTRAP, &sa, &old_trap);
+	for (int i = 0; i < nprobes; i++) {
+		__u64 pg = probes[i].addr & ~(__u64)(page - 1);
+		if (mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE | PROT_EXEC) != 0)
+			continue;
+		*(volatile __u8 *)probes[i].addr = 0xcc;
+		mprotect((void *)pg, (size_t)page, PROT_READ | PROT_EXEC);
+	}
+}
+
 /* A new process image is an exec, as the BPF side's sched_process_exec
  * reports it: the first record of each image. */
 static void exec_event(struct tstate *t)
@@ -1267,8 +1581,10 @@ static void exec_event(struct tstate *t)
 __attribute__((constructor)) static void shim_init(void)
 {
 	struct tstate *t = enter();
-	if (t)
+	if (t) {
+		install_probes();
 		leave(t);
+	}
 }
 
 __attribute__((destructor)) static void shim_fini(void)

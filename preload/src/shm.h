@@ -30,11 +30,30 @@ enum shm_offsets {
 	SHM_OFF_TAIL = 128,     /* u64: bytes consumed by the reader, ever */
 	SHM_OFF_LOST = 192,     /* u64[4]: records dropped, by record type */
 	SHM_OFF_NEXT_SLOT = 256, /* u32: counter slots claimed */
+	SHM_OFF_NPROBES = 260,  /* u32: entries in the probe table */
 	SHM_OFF_SHARED = 512,   /* u64[SHM_SLOT_OPS]: calls of threads without a slot */
 	SHM_OFF_SLOTS = 1024,   /* u64[SHM_SLOTS][SHM_SLOT_OPS] */
 };
 
-#define SHM_HEADER_BYTES (SHM_OFF_SLOTS + SHM_SLOTS * SHM_SLOT_OPS * 8)
+/* The probe table (--probe/--forbid): functions whose entry the shim
+ * breaks on (int3, handled in the process) and runs displaced, since a
+ * call inside one object does not go through the PLT. hooktrace decodes
+ * the first instruction and checks it can run elsewhere. */
+#define SHM_OFF_PROBES (SHM_OFF_SLOTS + SHM_SLOTS * SHM_SLOT_OPS * 8)
+#define SHM_PROBES 64
+#define SHM_PROBE_BYTES 128
+struct shm_probe {
+	char object[80]; /* the object's file name; empty for the executable */
+	__u64 vaddr;     /* the function's address in the object */
+	__u32 index;     /* its index in the header's user probes */
+	__u8 len;        /* length of its first instruction */
+	__u8 disp_at;    /* where its rip-relative displacement is, 0 for none */
+	__u8 pad[2];
+	__u8 insn[16]; /* that instruction, as in the file */
+	__u8 pad2[16];
+};
+
+#define SHM_HEADER_BYTES (SHM_OFF_PROBES + SHM_PROBES * SHM_PROBE_BYTES)
 
 /* Configuration flags. */
 #define SHM_F_FULL 1    /* record every call */
