@@ -1,5 +1,6 @@
-# hooktrace: `make build` needs only Go (the BPF objects are committed);
-# `make generate` needs Debian's clang and libbpf-dev.
+# hooktrace: `make build` needs only Go (the BPF objects and the preloaded
+# library are committed); `make generate` needs Debian's clang, libbpf-dev
+# and gcc.
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
@@ -14,11 +15,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/hooktrace ./cmd/hooktrace
 
 generate:
-	$(GO) generate ./tracer ./bench
+	$(GO) generate ./tracer ./bench ./preload
 
 # The committed objects must be what the committed C produces.
 check-generated: generate
-	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o bench/floor_x86_bpfel.go bench/floor_x86_bpfel.o
+	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o bench/floor_x86_bpfel.go bench/floor_x86_bpfel.o preload/libhooktrace_preload.so
 
 # staticcheck, pinned; go run fetches it through the module proxy once.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2

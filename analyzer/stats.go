@@ -41,6 +41,7 @@ type TraceStats struct {
 	PID        uint32   `json:"pid,omitempty"`
 	Command    []string `json:"command,omitempty"`
 	Allocator  string   `json:"allocator"`
+	Recorder   string   `json:"recorder,omitempty"` // "ebpf" or "preload"; empty in older traces
 	Events     uint64   `json:"events"`
 	LostEvents uint64   `json:"lost_events"`
 	Complete   bool     `json:"complete"`
@@ -116,6 +117,7 @@ func (s *stream) stats() TraceStats {
 	if h := s.header; h != nil {
 		ts.PID = h.PID
 		ts.Command = h.Command
+		ts.Recorder = h.Recorder
 	}
 	var why []string
 	if f := s.footer; f != nil {

@@ -9,6 +9,7 @@ package bench
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -29,6 +30,11 @@ type Config struct {
 	// hooktrace, at hooktrace's sites or, with AtEntry, at the functions'
 	// first instructions.
 	Floor, AtEntry bool
+	// Preload records with the preloaded library instead of eBPF.
+	Preload bool
+	// TSan runs the workload rebuilt with -fsanitize=thread, untraced: the
+	// reference a user would otherwise reach for.
+	TSan bool
 }
 
 // Configs are the configurations, in the order they run in each round.
@@ -41,7 +47,24 @@ func Configs() []Config {
 			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
 		{Key: "full", Name: "hooktrace (full)", Traced: true,
 			Opts: tracer.Options{Mode: tracer.ModeFull}},
+		{Key: "preload", Name: "hooktrace --recorder preload (aggregate)", Traced: true, Preload: true,
+			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
+		{Key: "preload-full", Name: "hooktrace --recorder preload (full)", Traced: true, Preload: true,
+			Opts: tracer.Options{Mode: tracer.ModeFull}},
+		{Key: "tsan", Name: "TSan rebuild (-fsanitize=thread), untraced", TSan: true},
 	}
+}
+
+// source is either recorder: the BPF tracer or the preloaded library.
+type source interface {
+	Attach(pid int, exe string) error
+	Sites() []events.ProbeSite
+	Allocator() string
+	Run(stop <-chan struct{}, emit func(*events.Record) error) error
+	Events() uint64
+	Lost() uint64
+	Calls() map[string]uint64
+	Close() error
 }
 
 // Result is one run of one configuration.
@@ -72,18 +95,36 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // traced or not, so every configuration pays the same start-up.
 func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	var res Result
-	var tr *tracer.Tracer
+	if cfg.TSan {
+		argv = append([]string{argv[0] + TSanSuffix}, argv[1:]...)
+	}
+	var (
+		src source
+		tr  *tracer.Tracer
+		pre *tracer.Preload
+		err error
+	)
 	if cfg.Traced && !cfg.Floor {
 		opts := cfg.Opts
 		opts.Warn = warn
-		var err error
-		tr, err = tracer.New(opts)
+		if cfg.Preload {
+			pre, err = tracer.NewPreload(opts)
+			src = pre
+		} else {
+			tr, err = tracer.New(opts)
+			src = tr
+		}
 		if err != nil {
 			return res, err
 		}
-		defer tr.Close()
+		defer src.Close()
 	}
-	g, err := tracer.StartGated(argv)
+	var g *tracer.Gated
+	if pre != nil {
+		g, err = tracer.StartGatedEnv(argv, pre.Env(os.Environ()), pre.Files())
+	} else {
+		g, err = tracer.StartGated(argv)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -101,8 +142,8 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		sink     countingWriter
 		writeErr error
 	)
-	if tr != nil {
-		if err := tr.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
+	if src != nil {
+		if err := src.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
 			g.Abort()
 			return res, err
 		}
@@ -113,13 +154,13 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 			mode = tracer.ModeAggregate
 		}
 		h := &events.Header{Version: events.Version, Tool: "hooktrace bench", Command: argv,
-			Exe: g.Path, Clock: "CLOCK_MONOTONIC", Mode: mode, Probes: tr.Sites(), Allocator: tr.Allocator()}
+			Exe: g.Path, Clock: "CLOCK_MONOTONIC", Mode: mode, Probes: src.Sites(), Allocator: src.Allocator()}
 		if err := w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
 			g.Abort()
 			return res, err
 		}
 		go func() {
-			err := tr.Run(stop, func(r *events.Record) error {
+			err := src.Run(stop, func(r *events.Record) error {
 				res.Records++
 				if err := w.Write(r); err != nil && writeErr == nil {
 					writeErr = err
@@ -128,7 +169,7 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 			})
 			if err == nil {
 				err = w.Write(&events.Record{Kind: events.RecFooter, Footer: &events.Footer{
-					Events: tr.Events(), Lost: tr.Lost(), Calls: tr.Calls()}})
+					Events: src.Events(), Lost: src.Lost(), Calls: src.Calls()}})
 			}
 			if cerr := w.Close(); err == nil {
 				err = cerr
@@ -141,7 +182,7 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	if err := g.Open(); err != nil {
 		g.Cmd.Process.Kill()
 		g.Cmd.Wait()
-		if tr != nil {
+		if src != nil {
 			close(stop)
 			<-done
 		}
@@ -153,7 +194,7 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	if ps := g.Cmd.ProcessState; ps != nil {
 		res.CPU = ps.UserTime() + ps.SystemTime()
 	}
-	if tr != nil {
+	if src != nil {
 		close(stop)
 		if err := <-done; err != nil {
 			return res, fmt.Errorf("tracing: %w", err)
@@ -161,10 +202,12 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		if writeErr != nil {
 			return res, fmt.Errorf("encoding the trace: %w", writeErr)
 		}
-		res.Lost = tr.Lost()
+		res.Lost = src.Lost()
 		res.Bytes = sink.n
-		res.RingRecords, res.RingBytes = tr.RingRead()
-		res.Hits = uprobeHits(tr.Calls())
+		if tr != nil {
+			res.RingRecords, res.RingBytes = tr.RingRead()
+		}
+		res.Hits = uprobeHits(src.Calls())
 	}
 	if fl != nil {
 		if res.Hits, err = fl.hits(); err != nil {
@@ -363,6 +406,7 @@ func (s Summary) Markdown(workload string) string {
 	_, entry := s.Row("entry")
 	_, agg := s.Row("aggregate")
 	if !agg {
+		s.preloadTargets(&b)
 		return b.String()
 	}
 	b.WriteString("\n| target | wall | CPU | goal | met |\n|---|---:|---:|---:|---|\n")
@@ -375,7 +419,28 @@ func (s Summary) Markdown(workload string) string {
 			t.EntryVs, t.EntryVsCPU, yes(t.EntryVs >= 5))
 	}
 	fmt.Fprintf(&b, "| lost events at default settings (worst run) | %d | | 0 | %s |\n", t.LostDefault, yes(t.LostDefault == 0))
+	s.preloadTargets(&b)
 	return b.String()
+}
+
+// preloadTargets adds the preload recorder's goals: within 3x of the
+// untraced run, and at least 5x faster than a TSan rebuild.
+func (s Summary) preloadTargets(b *strings.Builder) {
+	base, ok1 := s.Row("untraced")
+	pre, ok2 := s.Row("preload")
+	if !ok1 || !ok2 || base.Wall <= 0 || base.CPU <= 0 {
+		return
+	}
+	wall, cpu := float64(pre.Wall)/float64(base.Wall), float64(pre.CPU)/float64(base.CPU)
+	fmt.Fprintf(b, "| preload (aggregate) / untraced | %.2f | %.2f | ≤ 3 | %s |\n", wall, cpu, yes(wall <= 3))
+	if ts, ok := s.Row("tsan"); ok && pre.Wall > 0 && pre.CPU > 0 {
+		w, c := float64(ts.Wall)/float64(pre.Wall), float64(ts.CPU)/float64(pre.CPU)
+		fmt.Fprintf(b, "| TSan rebuild / preload | %.1f | %.1f | ≥ 5 | %s |\n", w, c, yes(w >= 5))
+	}
+	if a, ok := s.Row("aggregate"); ok && pre.Wall > 0 {
+		fmt.Fprintf(b, "| eBPF aggregate / preload | %.1f | %.1f | | |\n", float64(a.Wall)/float64(pre.Wall), float64(a.CPU)/float64(pre.CPU))
+	}
+	fmt.Fprintf(b, "| preload lost events (worst run) | %d | | 0 | %s |\n", pre.Lost, yes(pre.Lost == 0))
 }
 
 func yes(ok bool) string {
@@ -389,12 +454,22 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.3f s", d.Seconds())
 }
 
-// Build compiles the workload C file with gcc into dir.
-func Build(src, dir string) (string, error) {
+// TSanSuffix names the -fsanitize=thread build next to the workload.
+const TSanSuffix = "-tsan"
+
+// Build compiles the workload C file with gcc into dir, and with tsan also
+// a -fsanitize=thread build (libtsan) named with TSanSuffix.
+func Build(src, dir string, tsan bool) (string, error) {
 	out := dir + "/workload"
 	b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out, src).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("gcc: %v\n%s", err, b)
+	}
+	if tsan {
+		b, err := exec.Command("gcc", "-O2", "-g", "-fsanitize=thread", "-pthread", "-o", out+TSanSuffix, src).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("gcc -fsanitize=thread (needs libtsan): %v\n%s", err, b)
+		}
 	}
 	return out, nil
 }

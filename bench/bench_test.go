@@ -33,6 +33,7 @@ var (
 	threads = flag.Int("threads", envInt("HOOKTRACE_BENCH_THREADS", 4), "workload threads (env HOOKTRACE_BENCH_THREADS)")
 	size    = flag.Int("size", envInt("HOOKTRACE_BENCH_SIZE", 64), "malloc size in bytes (env HOOKTRACE_BENCH_SIZE)")
 	only    = flag.String("configs", os.Getenv("HOOKTRACE_BENCH_CONFIGS"), "comma-separated configurations to run (untraced always runs); empty: all (env HOOKTRACE_BENCH_CONFIGS)")
+	work    = flag.String("workload", os.Getenv("HOOKTRACE_BENCH_WORKLOAD"), "workload: empty for one lock and one malloc per hold, locks for 4 locks and 3 malloc + 3 free per hold with a 256 KiB block every 1024 (env HOOKTRACE_BENCH_WORKLOAD)")
 )
 
 func envInt(name string, def int) int {
@@ -54,12 +55,22 @@ func BenchmarkOverhead(b *testing.B) {
 	if !ran {
 		b.Skip("the rounds already ran")
 	}
-	prog, err := Build(filepath.Join("testdata", "workload.c"), b.TempDir())
+	cfgs := selected(b)
+	tsan := false
+	for _, c := range cfgs {
+		tsan = tsan || c.TSan
+	}
+	src, desc := "workload.c", fmt.Sprintf("%d threads × %d × (lock; malloc(%d); unlock; free)", *threads, *iters, *size)
+	if *work == "locks" {
+		src, desc = "workload_locks.c", fmt.Sprintf("%d threads × %d × (lock one of 4; 3 malloc + 3 free of 16–271 B; unlock), a 256 KiB block every 1024", *threads, *iters)
+	} else if *work != "" {
+		b.Fatalf("unknown workload %q (empty or locks)", *work)
+	}
+	prog, err := Build(filepath.Join("testdata", src), b.TempDir(), tsan)
 	if err != nil {
 		b.Fatal(err)
 	}
 	argv := []string{prog, strconv.Itoa(*iters), strconv.Itoa(*threads), strconv.Itoa(*size)}
-	cfgs := selected(b)
 	warned := map[string]bool{}
 	warn := func(s string) {
 		if !warned[s] {
@@ -85,8 +96,7 @@ func BenchmarkOverhead(b *testing.B) {
 	}
 	b.StopTimer()
 	s := Summarize(cfgs, results)
-	fmt.Printf("\n%s\n", s.Markdown(fmt.Sprintf("Workload: %d threads × %d × (lock; malloc(%d); unlock; free), "+
-		"%d cores, median of %d rounds.", *threads, *iters, *size, runtime.NumCPU(), *rounds)))
+	fmt.Printf("\n%s\n", s.Markdown(fmt.Sprintf("Workload: %s, %d cores, median of %d rounds.", desc, runtime.NumCPU(), *rounds)))
 	for _, r := range s.Rows {
 		b.ReportMetric(r.Wall.Seconds(), r.Config.Key+"-s")
 		if r.Config.Traced {
@@ -124,7 +134,7 @@ func selected(b *testing.B) []Config {
 		}
 	}
 	for k := range want {
-		b.Fatalf("unknown configuration %q (untraced, floor, entry, aggregate, full)", k)
+		b.Fatalf("unknown configuration %q (untraced, floor, entry, aggregate, full, preload, preload-full, tsan)", k)
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"flag"
 	"fmt"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,13 +21,8 @@ var hookRounds = flag.Int("hook-rounds", envInt("HOOKTRACE_BENCH_HOOK_ROUNDS", 1
 // records/s and bytes/s through the ring, over the workload's wall time,
 // and the records lost. Run with -benchtime 1x.
 func BenchmarkHookRing(b *testing.B) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			b.Fatal("eBPF unavailable under CI: not root")
-		}
-		b.Skip("eBPF unavailable: not root")
-	}
-	prog, err := Build(filepath.Join("..", "testdata", "hookstorm.c"), b.TempDir())
+	testenv.RequireBPF(b)
+	prog, err := Build(filepath.Join("..", "testdata", "hookstorm.c"), b.TempDir(), false)
 	if err != nil {
 		b.Fatal(err)
 	}

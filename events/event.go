@@ -382,6 +382,10 @@ type Header struct {
 	UserProbes []string    `json:"user_probes,omitempty"`
 	Forbid     []string    `json:"forbid,omitempty"`
 	Allocator  string      `json:"allocator,omitempty"` // "glibc", "jemalloc", ...
+	// Recorder is what recorded the events: "ebpf" (uprobes and
+	// tracepoints) or "preload" (the preloaded library). Empty in files
+	// written before there was a choice: ebpf.
+	Recorder string `json:"recorder,omitempty"`
 }
 
 // Footer closes a trace file. A file without one was cut short.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -28,6 +29,20 @@ func Text(w io.Writer, res *analyzer.Result) error {
 	return TextGate(w, plain(res))
 }
 
+// recorderText names what recorded the traces, when their headers say.
+func recorderText(st *analyzer.Stats) string {
+	var names []string
+	for _, t := range st.Traces {
+		if t.Recorder != "" && !slices.Contains(names, t.Recorder) {
+			names = append(names, t.Recorder)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return " (recorded by " + strings.Join(names, ", ") + ")"
+}
+
 // TextGate is Text with the gate's verdicts: each finding's baseline state
 // and suppression, the fixed findings, unused suppressions, and which
 // findings fail.
@@ -44,7 +59,7 @@ func TextGate(w io.Writer, g *Gate) error {
 	p.line("stats: %d events, %d lost events, %s, %s (%s), %s%s",
 		st.Events, st.LostEvents, plural(st.Threads, "thread"), plural(st.Locks, "lock"),
 		plural(st.LockClasses, "class"), plural(st.Dependencies, "lock dependency"), exitText(st))
-	p.line("calls: %s", callsText(st.Calls))
+	p.line("calls: %s%s", callsText(st.Calls), recorderText(st))
 	tc := st.TraceChecks
 	// Always printed: a tracer that starts losing events shows here.
 	p.line("trace checks: %d impossible self-deadlocks, %d unlocks of unheld locks, %d unlocks by another thread",

@@ -35,10 +35,13 @@ type converter struct {
 	onFork           func(pid uint32) // a traced process forked a child to follow
 	unw              *unwinder
 	warn             func(string)
-	procs            map[uint32]*procState
-	events           atomic.Uint64 // read by the status line
-	nextID           uint32
-	rec              events.Record
+	// hide is an object whose frames are not the target's (the preloaded
+	// recorder's interposers), dropped from unwound stacks.
+	hide   string
+	procs  map[uint32]*procState
+	events atomic.Uint64 // read by the status line
+	nextID uint32
+	rec    events.Record
 }
 
 // procState is what the converter knows of one address space. An exec
@@ -310,8 +313,11 @@ func (c *converter) stack(r *hooktraceStack) error {
 
 func (c *converter) sample(r *hooktraceSample, data []byte) error {
 	p := c.proc(r.Pid)
-	p.mapsFor(r.Ip)
+	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, data)
+	if c.hide != "" {
+		pcs, complete = hideObject(maps, pcs, complete, c.hide)
+	}
 	var s sampleInfo
 	if alloc := c.allocator(r.Pid); alloc != nil {
 		inside := false
@@ -364,6 +370,23 @@ func (c *sampleCache) put(id uint64, s sampleInfo) {
 		c.old, c.cur = c.cur, make(map[uint64]sampleInfo)
 	}
 	c.cur[id] = s
+}
+
+// hideObject drops the frames in the object at path. A walk that ends in
+// it reached the recorder's thread start wrapper: the target's part of the
+// stack is whole.
+func hideObject(maps symbolize.Maps, pcs []uint64, complete bool, path string) ([]uint64, bool) {
+	out := pcs[:0]
+	for i, pc := range pcs {
+		if m, ok := maps.Find(pc); ok && m.Path == path {
+			if i == len(pcs)-1 {
+				complete = true
+			}
+			continue
+		}
+		out = append(out, pc)
+	}
+	return out, complete
 }
 
 // sendStack emits frames as a new stack unless the same frames were sent.

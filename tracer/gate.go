@@ -51,6 +51,13 @@ type Gated struct {
 
 // StartGated starts argv under the gate with stdio passed through.
 func StartGated(argv []string) (*Gated, error) {
+	return StartGatedEnv(argv, nil, nil)
+}
+
+// StartGatedEnv is StartGated with the target's environment (nil: this
+// process's) and extra descriptors it inherits from fd 4 on (fd 3 is the
+// gate's own).
+func StartGatedEnv(argv, env []string, extra []*os.File) (*Gated, error) {
 	if len(argv) == 0 {
 		return nil, fmt.Errorf("no command to run")
 	}
@@ -73,7 +80,8 @@ func StartGated(argv []string) (*Gated, error) {
 	}
 	cmd := exec.Command(self, append([]string{GateArg}, argv...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{r}
+	cmd.ExtraFiles = append([]*os.File{r}, extra...)
+	cmd.Env = env
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		w.Close()

@@ -33,6 +33,9 @@ type HangOptions struct {
 	// Action is recorded in the Hang ("kill" or "detach").
 	Action string
 	Warn   func(string)
+	// Hide is an object whose frames are not the target's (the preloaded
+	// recorder's library), left out of the stacks.
+	Hide string
 }
 
 // HangWatcher samples the threads of a live process and reports a
@@ -267,6 +270,9 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize
 		}
 		t.data = readMem(s.sp, size)
 		pcs, complete := unwindBlocked(unw, sym, maps, s.pc, s.sp, t.data)
+		if w.opts.Hide != "" {
+			pcs, complete = hideObject(maps, pcs, complete, w.opts.Hide)
+		}
 		t.stack = &events.Stack{Frames: sym.Frames(pcs), Truncated: !complete}
 		if w.opts.ArenaHeld != nil {
 			held, _ := w.opts.ArenaHeld(t.stack)

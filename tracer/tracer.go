@@ -53,6 +53,10 @@ type Options struct {
 	UserProbes []string
 	// Warn receives warnings (a site refused, a missing symbol).
 	Warn func(string)
+	// SyscallsOnly places no uprobes: only the tracepoints, for the
+	// memory syscalls the preload recorder cannot see (glibc's own,
+	// inside free). Preload.AddSyscalls reads it.
+	SyscallsOnly bool
 }
 
 // Errors a user can hit, for distinct exit codes.
@@ -211,8 +215,10 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
 		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
 	}
-	if err := t.place(pid, exe); err != nil {
-		return err
+	if !t.opts.SyscallsOnly {
+		if err := t.place(pid, exe); err != nil {
+			return err
+		}
 	}
 	// Every probe of pid is placed: tracing can be on from here. Run turns
 	// it on too, but callers start Run on a goroutine and then release a
@@ -237,7 +243,7 @@ func (t *Tracer) Exec(pid int) {
 	t.mu.Lock()
 	_, known := t.attached[pid]
 	t.mu.Unlock()
-	if !known {
+	if !known || t.opts.SyscallsOnly {
 		return
 	}
 	if err := t.place(pid, ""); err != nil {

@@ -1,7 +1,7 @@
 package tracer
 
 import (
-	"os"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 	"regexp"
 	"strconv"
 	"testing"
@@ -15,12 +15,7 @@ import (
 // call site: one change to bpf/ took uprobe_hook from 570,000 to 939,000,
 // and the next would have failed to load at run time, not at build time.
 func TestVerifierHeadroom(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("eBPF unavailable under CI: not root")
-		}
-		t.Skip("eBPF unavailable: not root")
-	}
+	testenv.RequireBPF(t)
 	spec, err := loadHooktrace()
 	if err != nil {
 		t.Fatal(err)

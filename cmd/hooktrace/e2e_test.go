@@ -305,10 +305,11 @@ func TestUserErrors(t *testing.T) {
 			}
 		})
 	}
-	// Without privileges: as user nobody, no CAP_BPF.
+	// Without privileges: as user nobody, no CAP_BPF (the preload
+	// recorder needs none: TestPreloadUnprivileged).
 	t.Run("not root", func(t *testing.T) {
 		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-			hooktraceBin, "run", "--", "/bin/true").CombinedOutput()
+			hooktraceBin, "run", "--recorder", "ebpf", "--", "/bin/true").CombinedOutput()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != exitPermission || !strings.Contains(string(out), "CAP_BPF") {
 			t.Errorf("as nobody: %v, %q; want exit %d naming CAP_BPF", err, out, exitPermission)

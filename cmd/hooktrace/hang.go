@@ -70,6 +70,7 @@ func (s *session) watchHang(pid int, defaultAction string) *hangWatch {
 			Timeout:   f.timeout,
 			ArenaHeld: analyzer.ArenaHeld,
 			Action:    action,
+			Hide:      hiddenObject(s.tr),
 		}),
 		action: action,
 		pid:    pid,

@@ -277,7 +277,7 @@ func TestLostEventsReported(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "mallocs")
 	trace := filepath.Join(t.TempDir(), "lossy.htr")
-	stdout, _, stderr, code := runJSON(t, "--mode", "full", "--ring", "4K", "--fail-on", "none", "--ignore-target-status",
+	stdout, _, stderr, code := runJSON(t, "--recorder", "ebpf", "--mode", "full", "--ring", "4K", "--fail-on", "none", "--ignore-target-status",
 		"-o", trace, "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)

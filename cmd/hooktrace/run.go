@@ -38,6 +38,7 @@ on to the target; the trace and the report are finished after it exits.`,
 	f.register(c)
 	c.Flags().BoolVar(&f.ignoreTargetStatus, "ignore-target-status", false,
 		"exit with the findings' verdict alone, whatever the target's own exit status")
+	f.registerRecorder(c)
 	return c
 }
 
@@ -59,6 +60,9 @@ func runTraced(f *traceFlags, argv []string) error {
 // to its hang, with hang detection) and returns the finished session, its
 // footer, and when the target was let go to exec (CLOCK_MONOTONIC).
 func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, error) {
+	if err := resolveRecorder(f, argv); err != nil {
+		return nil, nil, 0, err
+	}
 	s, err := newSession(f)
 	if err != nil {
 		return nil, nil, 0, err
@@ -67,7 +71,7 @@ func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, e
 		s.tr.Close()
 		return nil, nil, 0, err
 	}
-	g, err := tracer.StartGated(argv)
+	g, err := startGated(s, argv)
 	if err != nil {
 		s.tr.Close()
 		return nil, nil, 0, err

@@ -35,6 +35,8 @@ type traceFlags struct {
 	readyFile   string
 	rep         reportFlags
 	hang        hangFlags
+	recorder    string // ebpf or preload once resolved; run's --recorder
+	autoWhy     string // why --recorder auto could not preload
 
 	ignoreTargetStatus bool // run only
 }
@@ -82,7 +84,7 @@ func (f *traceFlags) userProbes() ([]string, error) {
 // session is one tracing run: the tracer, the trace file, the live status.
 type session struct {
 	flags  *traceFlags
-	tr     *tracer.Tracer
+	tr     recorder
 	header events.Header
 	sink   *recordSink
 	status *statusLine
@@ -107,7 +109,7 @@ func newSession(f *traceFlags) (*session, error) {
 	if err != nil {
 		return nil, usageError{err}
 	}
-	tr, err := tracer.New(tracer.Options{
+	tr, err := newRecorder(f, tracer.Options{
 		Mode:        f.mode,
 		FollowForks: f.followForks,
 		RingBytes:   ring,
@@ -116,7 +118,7 @@ func newSession(f *traceFlags) (*session, error) {
 		Warn:        func(s string) { slog.Warn(s) },
 	})
 	if err != nil {
-		return nil, err
+		return nil, explainRecorderError(f, err)
 	}
 	s := &session{flags: f, tr: tr}
 	s.header = events.Header{
@@ -128,6 +130,7 @@ func newSession(f *traceFlags) (*session, error) {
 		StartUnix:  time.Now().UnixNano(),
 		StartNS:    tracer.MonotonicNow(),
 		Mode:       f.mode,
+		Recorder:   recorderName(tr),
 		UserProbes: probes,
 		Forbid:     f.forbid,
 	}
@@ -179,12 +182,12 @@ func (s *session) finish(reason string, exit *int, signal string) (*events.Foote
 
 // statusLine prints a one-line live status on a terminal, nothing elsewhere.
 type statusLine struct {
-	tr   *tracer.Tracer
+	tr   recorder
 	quit chan struct{}
 	done chan struct{}
 }
 
-func newStatusLine(tr *tracer.Tracer) *statusLine {
+func newStatusLine(tr recorder) *statusLine {
 	s := &statusLine{tr: tr, quit: make(chan struct{}), done: make(chan struct{})}
 	if !term.IsTerminal(int(os.Stderr.Fd())) {
 		close(s.done)

@@ -1,0 +1,16 @@
+// Package preload holds hooktrace's user-space recorder: the C library
+// (src/shim.c) that hooktrace preloads into a target to record its allocator,
+// lock and thread calls into shared memory without a kernel trap per call.
+// The built library is committed and embedded, so hooktrace stays one
+// binary that needs nothing installed; `make generate` rebuilds it with
+// gcc, and `make check-generated` checks it matches its source.
+package preload
+
+import _ "embed"
+
+//go:generate sh build.sh
+
+// Shim is the built library.
+//
+//go:embed libhooktrace_preload.so
+var Shim []byte

@@ -1,0 +1,1597 @@
+// SPDX-License-Identifier: GPL-2.0
+/* hooktrace's user-space recorder: a library preloaded into the target
+ * (LD_PRELOAD) that interposes the allocator, the pthread lock calls and
+ * thread start and exit, and writes the records of ../bpf/hooktrace.h into
+ * a ring in shared memory that hooktrace reads. The records are exactly the
+ * BPF side's, with the same aggregate-mode semantics (a per-thread held set
+ * and a chain cache), so everything downstream is shared.
+ *
+ * Rules of the hot path: no syscall, no allocation inside an interposed
+ * allocator function, errno and return values untouched, and a thread-local
+ * guard so the shim's own calls (and a signal handler that lands inside the
+ * shim) are forwarded unrecorded. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <signal.h>
+#include <ucontext.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <linux/types.h> /* __u32 and friends, as hooktrace.h uses them */
+#include "hooktrace.h"
+#include "shm.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define MAX_HELD 8
+
+/* ---- the real functions ------------------------------------------------ */
+
+static struct {
+	void *(*malloc)(size_t);
+	void *(*calloc)(size_t, size_t);
+	void *(*realloc)(void *, size_t);
+	void *(*reallocarray)(void *, size_t, size_t);
+	void (*free)(void *);
+	int (*posix_memalign)(void **, size_t, size_t);
+	void *(*aligned_alloc)(size_t, size_t);
+	void *(*memalign)(size_t, size_t);
+	void *(*valloc)(size_t);
+	void *(*pvalloc)(size_t);
+	int (*mutex_lock)(pthread_mutex_t *);
+	int (*mutex_trylock)(pthread_mutex_t *);
+	int (*mutex_timedlock)(pthread_mutex_t *, const struct timespec *);
+	int (*mutex_clocklock)(pthread_mutex_t *, clockid_t, const struct timespec *);
+	int (*mutex_unlock)(pthread_mutex_t *);
+	int (*mutex_init)(pthread_mutex_t *, const pthread_mutexattr_t *);
+	int (*mutex_destroy)(pthread_mutex_t *);
+	int (*rw_rdlock)(pthread_rwlock_t *);
+	int (*rw_wrlock)(pthread_rwlock_t *);
+	int (*rw_tryrdlock)(pthread_rwlock_t *);
+	int (*rw_trywrlock)(pthread_rwlock_t *);
+	int (*rw_timedrdlock)(pthread_rwlock_t *, const struct timespec *);
+	int (*rw_timedwrlock)(pthread_rwlock_t *, const struct timespec *);
+	int (*rw_clockrdlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
+	int (*rw_clockwrlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
+	int (*rw_unlock)(pthread_rwlock_t *);
+	int (*spin_lock)(pthread_spinlock_t *);
+	int (*spin_trylock)(pthread_spinlock_t *);
+	int (*spin_unlock)(pthread_spinlock_t *);
+	int (*cond_wait)(pthread_cond_t *, pthread_mutex_t *);
+	int (*cond_timedwait)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+	int (*cond_clockwait)(pthread_cond_t *, pthread_mutex_t *, clockid_t, const struct timespec *);
+	int (*create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+	void (*exit)(void *) __attribute__((noreturn));
+	pid_t (*fork)(void);
+} real;
+
+/* dlsym may call calloc (for its error state) before the real allocator is
+ * known: those calls are served from here and never freed. */
+static char boot_heap[64 << 10] __attribute__((aligned(16)));
+static size_t boot_used;
+static __thread int resolving;
+struct tstate;
+static struct tstate *tstate_self(void);
+
+static void *boot_alloc(size_t n)
+{
+	n = (n + 15) & ~(size_t)15;
+	size_t at = __atomic_fetch_add(&boot_used, n, __ATOMIC_RELAXED);
+	if (at + n > sizeof(boot_heap))
+		return NULL;
+	return boot_heap + at; /* static memory: already zero */
+}
+
+static int is_boot(const void *p)
+{
+	return (const char *)p >= boot_heap && (const char *)p < boot_heap + sizeof(boot_heap);
+}
+
+#define RESOLVE(field, name) real.field = dlsym(RTLD_NEXT, name)
+
+static void resolve_real(void)
+{
+	if (resolving)
+		return;
+	int saved = errno, guard = *(int *)tstate_self();
+	resolving = 1;
+	int *g = (int *)tstate_self(); /* guard is the first field */
+	*g = 1; /* what dlsym allocates is the shim's, not the target's */
+	RESOLVE(calloc, "calloc");
+	RESOLVE(malloc, "malloc");
+	RESOLVE(realloc, "realloc");
+	RESOLVE(reallocarray, "reallocarray");
+	RESOLVE(free, "free");
+	RESOLVE(posix_memalign, "posix_memalign");
+	RESOLVE(aligned_alloc, "aligned_alloc");
+	RESOLVE(memalign, "memalign");
+	RESOLVE(valloc, "valloc");
+	RESOLVE(pvalloc, "pvalloc");
+	RESOLVE(mutex_lock, "pthread_mutex_lock");
+	RESOLVE(mutex_trylock, "pthread_mutex_trylock");
+	RESOLVE(mutex_timedlock, "pthread_mutex_timedlock");
+	RESOLVE(mutex_clocklock, "pthread_mutex_clocklock");
+	RESOLVE(mutex_unlock, "pthread_mutex_unlock");
+	RESOLVE(mutex_init, "pthread_mutex_init");
+	RESOLVE(mutex_destroy, "pthread_mutex_destroy");
+	RESOLVE(rw_rdlock, "pthread_rwlock_rdlock");
+	RESOLVE(rw_wrlock, "pthread_rwlock_wrlock");
+	RESOLVE(rw_tryrdlock, "pthread_rwlock_tryrdlock");
+	RESOLVE(rw_trywrlock, "pthread_rwlock_trywrlock");
+	RESOLVE(rw_timedrdlock, "pthread_rwlock_timedrdlock");
+	RESOLVE(rw_timedwrlock, "pthread_rwlock_timedwrlock");
+	RESOLVE(rw_clockrdlock, "pthread_rwlock_clockrdlock");
+	RESOLVE(rw_clockwrlock, "pthread_rwlock_clockwrlock");
+	RESOLVE(rw_unlock, "pthread_rwlock_unlock");
+	RESOLVE(spin_lock, "pthread_spin_lock");
+	RESOLVE(spin_trylock, "pthread_spin_trylock");
+	RESOLVE(spin_unlock, "pthread_spin_unlock");
+	RESOLVE(cond_wait, "pthread_cond_wait");
+	RESOLVE(cond_timedwait, "pthread_cond_timedwait");
+	RESOLVE(cond_clockwait, "pthread_cond_clockwait");
+	RESOLVE(create, "pthread_create");
+	RESOLVE(exit, "pthread_exit");
+	RESOLVE(fork, "fork");
+	resolving = 0;
+	*(int *)tstate_self() = guard;
+	errno = saved;
+}
+
+/* ---- process state ------------------------------------------------------ */
+
+static unsigned char *shm;   /* the mapping, NULL when not recording */
+static unsigned char *ring;  /* its record area */
+static __u64 ring_mask;
+static __u32 cfg_flags;
+static __u32 my_pid;
+static int active;             /* this process records */
+static int init_state;         /* 0 not yet, 1 in progress, 2 done */
+static int glibc_free;         /* free is glibc's: its chunk headers may be read */
+static __u64 sample_seq;       /* sample ids */
+static __u64 chain_keys[1 << 16]; /* the chain cache: pattern -> stack */
+static __u64 chain_vals[1 << 16];
+static __u64 stacks_sent[1 << 12]; /* stack hashes sent (lossy: hooktrace dedups) */
+extern void *__libc_stack_end;
+
+#define H64(off) ((__u64 *)(shm + (off)))
+#define H32(off) ((__u32 *)(shm + (off)))
+
+struct held_lock {
+	__u64 addr;
+	__u64 stack;
+	__u64 time;
+	__u32 kind;
+	__u16 op;
+	__u16 sent;
+};
+
+struct tstate {
+	int guard;   /* inside the shim: forward unrecorded */
+	int inited;  /* for this process (a fork starts again) */
+	__u32 tid;
+	__u32 alloc_depth; /* allocator calls live on this thread */
+	__u32 alloc_op;
+	__u32 alloc_seq;
+	__u64 alloc_sp; /* the outermost allocator call's return-address slot */
+	__u64 *calls;   /* this thread's counter slot, NULL for the shared one */
+	__u64 stack_hi; /* how far up the thread's stack may be read, 0 when unknown */
+	__s32 held;
+	__u32 nheld;
+	struct held_lock held_locks[MAX_HELD];
+	__u64 cache_key[4];
+	__u64 cache_stack[4];
+	/* Return addresses of probed functions, swapped for the exit stub. */
+	__u32 nshadow;
+	struct shadow {
+		__u64 slot; /* where on the stack */
+		__u64 ret;  /* what was there */
+		__u32 index;
+	} shadow[32];
+};
+
+static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
+
+static struct tstate *tstate_self(void)
+{
+	return &ts;
+}
+
+extern char probe_exit_stub[] __attribute__((visibility("hidden")));
+
+/* The return address in a stack slot, as the program put it there: a
+ * probed function's is swapped for the exit stub while it runs. */
+static __u64 real_ret(struct tstate *t, __u64 slot, __u64 v)
+{
+	if (v != (__u64)probe_exit_stub)
+		return v;
+	for (__u32 i = t->nshadow; i-- > 0;)
+		if (t->shadow[i].slot == slot)
+			return t->shadow[i].ret;
+	return v;
+}
+
+/* The shim's own image: its frames (a thread's start routine returns into
+ * thread_start) are not the target's. */
+extern const char __ehdr_start[] __attribute__((visibility("hidden")));
+extern const char _end[] __attribute__((visibility("hidden")));
+
+static int in_shim(__u64 pc)
+{
+	return pc >= (__u64)__ehdr_start && pc < (__u64)_end;
+}
+
+static __u64 now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t); /* the vDSO: no syscall */
+	return (__u64)t.tv_sec * 1000000000ULL + (__u64)t.tv_nsec;
+}
+
+/* Maps the memfd hooktrace passed, once per process image; returns
+ * whether this call did it. */
+static int init_process(void)
+{
+	int expected = 0;
+	if (!__atomic_compare_exchange_n(&init_state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return 0;
+	int saved = errno;
+	if (!real.malloc)
+		resolve_real();
+	const char *v = getenv(SHM_ENV);
+	int fd = -1;
+	if (v) {
+		fd = 0;
+		for (; *v >= '0' && *v <= '9'; v++)
+			fd = fd * 10 + (*v - '0');
+	}
+	struct stat st;
+	/* One mapping of the whole memfd, sized by fstat: the recorder's own
+	 * memory syscalls are kept to one. */
+	if (fd > 0 && fstat(fd, &st) == 0 && st.st_size >= SHM_HEADER_BYTES) {
+		void *all = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (all != MAP_FAILED && *(__u64 *)all == SHM_MAGIC &&
+		    *(__u64 *)((unsigned char *)all + SHM_OFF_DATA) + *(__u64 *)((unsigned char *)all + SHM_OFF_DATA_SIZE) <=
+			    (__u64)st.st_size) {
+			shm = all;
+			ring = shm + *H64(SHM_OFF_DATA);
+			ring_mask = *H64(SHM_OFF_DATA_SIZE) - 1;
+			cfg_flags = *H32(SHM_OFF_FLAGS);
+			my_pid = getpid();
+			active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
+		} else if (all != MAP_FAILED) {
+			munmap(all, (size_t)st.st_size);
+		}
+	}
+	glibc_free = real.free && real.free == dlsym(RTLD_NEXT, "__libc_free");
+	errno = saved;
+	__atomic_store_n(&init_state, 2, __ATOMIC_RELEASE);
+	return 1;
+}
+
+/* ---- the ring ----------------------------------------------------------- */
+
+static void count_lost(__u32 type)
+{
+	__atomic_fetch_add(H64(SHM_OFF_LOST) + (type & 3), 1, __ATOMIC_RELAXED);
+}
+
+/* Reserves room for a body of len bytes and returns where it goes, or NULL
+ * (counted as lost) when the reader has not made room within a bounded
+ * wait. *seq_at receives the position to publish. */
+static int reader_stalled;
+
+static unsigned char *ring_reserve(__u32 len, __u64 *pos_out)
+{
+	__u64 need = (SHM_REC_HDR + len + 15) & ~15ULL, size = ring_mask + 1;
+	__u64 *headp = H64(SHM_OFF_HEAD), *tailp = H64(SHM_OFF_TAIL);
+	unsigned waited = 0;
+	for (;;) {
+		__u64 head = __atomic_load_n(headp, __ATOMIC_RELAXED);
+		__u64 off = head & ring_mask, pad = 0;
+		if (off + need > size)
+			pad = size - off;
+		__u64 tail = __atomic_load_n(tailp, __ATOMIC_ACQUIRE);
+		if (head + pad + need - tail > size) {
+			/* Full: wait for the reader, boundedly; a reader that never
+			 * comes back (hooktrace killed) must not hang the target. */
+			if (reader_stalled || waited > 20000)
+				return NULL;
+			waited++;
+			if (waited < 64) {
+				__builtin_ia32_pause();
+			} else if (waited < 20000) {
+				struct timespec ts10 = {0, 10000};
+				nanosleep(&ts10, NULL);
+				if (waited == 19999)
+					reader_stalled = 1;
+			}
+			continue;
+		}
+		reader_stalled = 0;
+		if (!__atomic_compare_exchange_n(headp, &head, head + pad + need, 0, __ATOMIC_ACQ_REL,
+						 __ATOMIC_RELAXED))
+			continue;
+		if (pad) {
+			unsigned char *p = ring + off;
+			*(__u32 *)(p + 8) = (__u32)(pad - SHM_REC_HDR);
+			*(__u32 *)(p + 12) = SHM_KIND_PAD;
+			__atomic_store_n((__u64 *)p, head + 1, __ATOMIC_RELEASE);
+		}
+		__u64 pos = head + pad;
+		unsigned char *p = ring + (pos & ring_mask);
+		*(__u32 *)(p + 8) = len;
+		*(__u32 *)(p + 12) = SHM_KIND_DATA;
+		*pos_out = pos;
+		return p + SHM_REC_HDR;
+	}
+}
+
+static void ring_commit(unsigned char *body, __u64 pos)
+{
+	__atomic_store_n((__u64 *)(body - SHM_REC_HDR), pos + 1, __ATOMIC_RELEASE);
+}
+
+static void ring_output(const void *rec, __u32 len, __u32 type)
+{
+	__u64 pos;
+	unsigned char *p = ring_reserve(len, &pos);
+	if (!p) {
+		count_lost(type);
+		return;
+	}
+	memcpy(p, rec, len);
+	ring_commit(p, pos);
+}
+
+/* ---- threads ------------------------------------------------------------ */
+
+static void count_call(struct tstate *t, __u32 op)
+{
+	/* One instruction, so a signal handler's count on this thread (which
+	 * lands between instructions) is never lost; no lock prefix: the
+	 * slot has one writer. */
+	if (likely(t->calls != NULL))
+		__asm__ volatile("incq %0" : "+m"(t->calls[op]));
+	else
+		__atomic_fetch_add(H64(SHM_OFF_SHARED) + op, 1, __ATOMIC_RELAXED);
+}
+
+/* Sets up a thread's state for this process: its TID (one syscall per
+ * thread), its counter slot. */
+static void thread_init(struct tstate *t)
+{
+	int saved = errno;
+	memset(t, 0, sizeof(*t));
+	t->tid = (__u32)syscall(SYS_gettid);
+	__u32 slot = __atomic_fetch_add(H32(SHM_OFF_NEXT_SLOT), 1, __ATOMIC_RELAXED);
+	if (slot < SHM_SLOTS)
+		t->calls = H64(SHM_OFF_SLOTS) + (__u64)slot * SHM_SLOT_OPS;
+	if (t->tid == my_pid)
+		t->stack_hi = (__u64)__libc_stack_end;
+	t->inited = 1;
+	errno = saved;
+}
+
+/* The calling thread's state when it records, or NULL. Sets the guard. */
+static void exec_event(struct tstate *t);
+
+static struct tstate *enter(void)
+{
+	struct tstate *t = &ts;
+	if (t->guard)
+		return NULL;
+	int first = 0;
+	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)) {
+		t->guard = 1;
+		first = init_process();
+		t->guard = 0;
+		if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)
+			return NULL;
+	}
+	if (!active)
+		return NULL;
+	t->guard = 1;
+	if (unlikely(!t->inited))
+		thread_init(t);
+	if (unlikely(first))
+		exec_event(t);
+	return t;
+}
+
+/* enter for an interposed call of op. Inside the shim (the guard is set)
+ * the call is forwarded unrecorded, but counted when it is the target's:
+ * a signal handler that interrupted the shim, not the shim's own
+ * bootstrap. */
+static struct tstate *enter_op(__u32 op)
+{
+	struct tstate *t = &ts;
+	if (unlikely(t->guard)) {
+		if (t->inited && active && !resolving)
+			count_call(t, op);
+		return NULL;
+	}
+	return enter();
+}
+
+static void leave(struct tstate *t)
+{
+	t->guard = 0;
+}
+
+/* ---- stacks ------------------------------------------------------------- */
+
+/* The frame-pointer chain from an interposer's frame: fn (the real
+ * function, where the BPF side's probe would be), the caller's return
+ * address, then the caller's chain. Every frame read is checked to lie on
+ * the live stack, so code built without frame pointers (which leaves
+ * anything in rbp) ends the walk instead of faulting. At a return (fn 0)
+ * the caller comes first, as at the BPF side's return probes. */
+static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *truncated)
+{
+	__u32 n = 0;
+	if (fn)
+		ips[n++] = fn;
+	ips[n++] = frame[1];
+	__u64 lo = (__u64)frame, hi = t->stack_hi;
+	__u64 fp = frame[0];
+	while (n < MAX_FRAMES) {
+		if (!hi || fp <= lo || fp + 16 > hi || (fp & 7))
+			break;
+		__u64 *f = (__u64 *)fp;
+		__u64 ra = real_ret(t, fp + 8, f[1]);
+		if (!ra)
+			break;
+		if (!in_shim(ra))
+			ips[n++] = ra;
+		lo = fp;
+		fp = f[0];
+	}
+	*truncated = n == MAX_FRAMES;
+	return n;
+}
+
+/* Sends the stack in r (once per hash, as far as this process knows) and
+ * returns its hash. */
+static __u64 send_stack(struct stack *r, __u32 nr, int truncated)
+{
+	__u64 hash = 0xcbf29ce484222325ULL ^ my_pid;
+	for (__u32 i = 0; i < nr; i++) {
+		hash ^= r->ips[i];
+		hash *= 0x100000001b3ULL;
+	}
+	hash &= ~(1ULL << 63); /* the top bit marks sample ids */
+	if (!hash)
+		hash = 1;
+	__u64 *slot = &stacks_sent[hash & ((1 << 12) - 1)];
+	if (__atomic_load_n(slot, __ATOMIC_RELAXED) == hash)
+		return hash;
+	r->type = REC_STACK;
+	r->nr = nr;
+	r->pid = my_pid;
+	r->truncated = truncated;
+	r->hash = hash;
+	memset(&r->ips[nr], 0, (MAX_FRAMES - nr) * sizeof(__u64));
+	ring_output(r, sizeof(*r), REC_STACK);
+	__atomic_store_n(slot, hash, __ATOMIC_RELAXED);
+	return hash;
+}
+
+static __u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
+{
+	struct stack r;
+	int truncated;
+	__u32 nr = walk(t, r.ips, fn, frame, &truncated);
+	return send_stack(&r, nr, truncated);
+}
+
+/* Raw stack memory from sp up, with the registers a probe at ip would
+ * see, for hooktrace's .eh_frame unwinder; returns its id (top bit set). */
+static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __u64 until)
+{
+	__u64 len = SAMPLE_BYTES;
+	if (until > sp && until - sp + 2048 < len)
+		len = until - sp + 2048;
+	/* Only the live stack may be read. */
+	__u64 top = t->stack_hi ? t->stack_hi : (until > sp ? until : sp) + 16;
+	if (sp + len > top)
+		len = top > sp ? top - sp : 0;
+	len &= ~7ULL;
+	if (len < 16)
+		return 0;
+	__u64 pos;
+	unsigned char *p = ring_reserve(sizeof(struct sample), &pos);
+	if (!p) {
+		count_lost(REC_SAMPLE);
+		return 0;
+	}
+	struct sample *r = (struct sample *)p;
+	__u64 id = (1ULL << 63) | ((__u64)t->tid << 32) |
+		   (__atomic_fetch_add(&sample_seq, 1, __ATOMIC_RELAXED) & 0xffffffff);
+	r->type = REC_SAMPLE;
+	r->len = (__u32)len;
+	r->pid = my_pid;
+	r->pad = 0;
+	r->hash = id;
+	r->ip = ip;
+	r->sp = sp;
+	r->bp = bp;
+	memcpy(r->data, (void *)sp, len);
+	for (__u32 i = 0; i < t->nshadow; i++) {
+		__u64 slot = t->shadow[i].slot;
+		if (slot >= sp && slot + 8 <= sp + len)
+			memcpy(r->data + (slot - sp), &t->shadow[i].ret, 8);
+	}
+	ring_commit(p, pos);
+	return id;
+}
+
+/* A sample from an interposer's return-address slot up, with the
+ * registers a probe at fn's entry would see. */
+static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
+{
+	return take_sample_regs(t, fn, (__u64)&frame[1], frame[0], t->alloc_sp);
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+static void event_init(struct event *e, struct tstate *t, __u32 op)
+{
+	memset(e, 0, sizeof(*e));
+	e->type = REC_EVENT;
+	e->op = op;
+	e->pid = my_pid;
+	e->tid = t->tid;
+	e->time = now();
+}
+
+static void event_send(struct event *e)
+{
+	ring_output(e, sizeof(*e), REC_EVENT);
+}
+
+/* A sample inside an allocator call, a frame-pointer stack otherwise. */
+static void send_with_stack(struct tstate *t, struct event *e, __u64 fn, __u64 *frame)
+{
+	if ((e->flags & F_IN_ALLOC) && (cfg_flags & SHM_F_SAMPLES) && fn)
+		e->stack = take_sample(t, fn, frame);
+	if (!e->stack)
+		e->stack = take_stack(t, fn, frame);
+	event_send(e);
+}
+
+/* The lock's attributes the analyzer uses, as Event.Arg: a mutex's type
+ * (__kind, offset 16 on x86-64 glibc), a rwlock's preference (__flags,
+ * offset 48: PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP makes reads
+ * queue behind writers). */
+static __u32 mutex_kind(__u32 op, __u64 lock)
+{
+	if (!lock)
+		return 0;
+	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
+		return *(__u32 *)(lock + 16);
+	if (op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_CLOCKWRLOCK)
+		return *(__u32 *)(lock + 48);
+	return 0;
+}
+
+static void held_push(struct tstate *t, __u64 addr, __u32 op, __u32 kind, __u64 stack, __u64 time, __u16 sent)
+{
+	__u32 i = t->nheld;
+	if (i >= MAX_HELD)
+		return;
+	t->held_locks[i] = (struct held_lock){addr, stack, time, kind, (__u16)op, sent};
+	t->nheld = i + 1;
+}
+
+static int held_pop(struct tstate *t, __u64 addr)
+{
+	for (int i = (int)t->nheld - 1; i >= 0; i--) {
+		if (t->held_locks[i].addr != addr)
+			continue;
+		int sent = t->held_locks[i].sent;
+		for (__u32 j = i; j + 1 < t->nheld; j++)
+			t->held_locks[j] = t->held_locks[j + 1];
+		t->nheld--;
+		return sent;
+	}
+	return -1;
+}
+
+static __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
+{
+	__u64 h = 0xcbf29ce484222325ULL ^ my_pid;
+	h = (h ^ op) * 0x100000001b3ULL;
+	h = (h ^ lock) * 0x100000001b3ULL;
+	h = (h ^ site) * 0x100000001b3ULL;
+	for (__u32 i = 0; i < t->nheld; i++)
+		h = (h ^ t->held_locks[i].addr) * 0x100000001b3ULL;
+	return h ? h : 1;
+}
+
+static void flush_held(struct tstate *t)
+{
+	for (__u32 i = 0; i < t->nheld; i++) {
+		struct held_lock *h = &t->held_locks[i];
+		if (h->sent)
+			continue;
+		struct event fe;
+		event_init(&fe, t, h->op);
+		if (h->time)
+			fe.time = h->time;
+		fe.addr = h->addr;
+		fe.arg = mutex_kind(h->op, h->addr);
+		fe.stack = h->stack;
+		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+		event_send(&fe);
+		h->sent = 1;
+	}
+}
+
+#define CHAIN_MASK ((1 << 16) - 1)
+
+/* The stack hash a pattern was sent with (bit 62 set, so never 0), or 0
+ * when the pattern is new. */
+static __u64 pattern_seen(struct tstate *t, __u64 key)
+{
+	__u32 c = key & 3;
+	if (t->cache_key[c] == key)
+		return t->cache_stack[c];
+	for (__u32 i = 0; i < 8; i++) {
+		__u32 at = (key + i) & CHAIN_MASK;
+		__u64 k = __atomic_load_n(&chain_keys[at], __ATOMIC_ACQUIRE);
+		if (k == 0)
+			return 0;
+		if (k == key) {
+			t->cache_key[c] = key;
+			t->cache_stack[c] = __atomic_load_n(&chain_vals[at], __ATOMIC_RELAXED) | (1ULL << 62);
+			return t->cache_stack[c];
+		}
+	}
+	return 0;
+}
+
+static void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
+{
+	for (__u32 i = 0; i < 8; i++) {
+		__u32 at = (key + i) & CHAIN_MASK;
+		__u64 zero = 0;
+		if (__atomic_compare_exchange_n(&chain_keys[at], &zero, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED) ||
+		    zero == key) {
+			__atomic_store_n(&chain_vals[at], stack, __ATOMIC_RELAXED);
+			break;
+		}
+	}
+	__u32 c = key & 3;
+	t->cache_key[c] = key;
+	t->cache_stack[c] = stack | (1ULL << 62);
+}
+
+static int dedupable(struct tstate *t)
+{
+	return !(cfg_flags & SHM_F_FULL) && t->held >= 0 && (__u32)t->held == t->nheld;
+}
+
+static void alloc_context(struct tstate *t, struct event *e)
+{
+	if (!t->alloc_depth)
+		return;
+	e->flags |= F_IN_ALLOC;
+	e->addr2 = t->alloc_op | ((__u64)t->alloc_seq << 16);
+}
+
+/* An allocator call's entry. Returns nothing: the call is made by the
+ * interposer, inside alloc_depth. */
+static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
+{
+	count_call(t, op);
+	int nested = t->alloc_depth > 0;
+	__u64 outer = t->alloc_op | ((__u64)t->alloc_seq << 16);
+	if (!nested) {
+		t->alloc_seq++;
+		t->alloc_op = op;
+		t->alloc_sp = (__u64)&frame[1];
+	}
+	if (!(cfg_flags & SHM_F_FULL) && !nested && t->held <= 0)
+		return;
+	__u64 key = 0;
+	if (!nested && dedupable(t)) {
+		key = pattern_key(t, op, 0, frame[1]);
+		if (pattern_seen(t, key))
+			return;
+	}
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	if (nested) {
+		e.flags |= F_IN_ALLOC;
+		e.addr2 = outer;
+	}
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	e.addr = addr;
+	e.size = size;
+	e.arg = arg;
+	send_with_stack(t, &e, fn, frame);
+	if (key)
+		pattern_sent(t, key, e.stack);
+}
+
+/* A blocking acquisition, recorded at entry as the BPF side does: a thread
+ * that then blocks for good is seen waiting. */
+static void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
+{
+	count_call(t, op);
+	__u64 key = 0;
+	if (dedupable(t) && t->nheld < MAX_HELD && !t->alloc_depth) {
+		key = pattern_key(t, op, lock, 0);
+		__u64 known = pattern_seen(t, key);
+		if (known) {
+			/* No clock read here (the vDSO's is a fifth of this path):
+			 * if the acquisition is ever sent, flush_held stamps it. */
+			held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
+			t->held++;
+			return;
+		}
+	}
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = lock;
+	e.arg = mutex_kind(op, lock);
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	e.flags |= F_ACQUIRED;
+	alloc_context(t, &e);
+	send_with_stack(t, &e, fn, frame);
+	held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
+	t->held++;
+	if (key)
+		pattern_sent(t, key, e.stack);
+}
+
+static void rec_release(struct tstate *t, __u32 op, __u64 lock)
+{
+	count_call(t, op);
+	int sent = held_pop(t, lock);
+	if (t->held > 0)
+		t->held--;
+	if (sent == 0)
+		return; /* its acquisition was only counted: so is its release */
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = lock;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	event_send(&e);
+}
+
+/* A try, timed or clock acquisition's result (counted at entry). */
+static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret, __u64 *frame)
+{
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	e.flags = F_RETURN;
+	e.addr = lock;
+	e.addr2 = addr2;
+	e.ret = ret;
+	if (ret == 0) {
+		e.flags |= F_ACQUIRED;
+		t->held++;
+	}
+	e.arg = mutex_kind(op, lock);
+	if (t->held > 1 || (!(e.flags & F_ACQUIRED) && t->held > 0))
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	send_with_stack(t, &e, 0, frame);
+	if (e.flags & F_ACQUIRED)
+		held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
+}
+
+static void rec_simple(struct tstate *t, __u32 op, __u64 addr, __u64 arg, __u64 fn, __u64 *frame)
+{
+	count_call(t, op);
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = addr;
+	e.arg = arg;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	if (frame)
+		send_with_stack(t, &e, fn, frame);
+	else
+		event_send(&e);
+}
+
+/* ---- the allocator ------------------------------------------------------ */
+
+#define FRAME ((__u64 *)__builtin_frame_address(0))
+#define ENSURE(field)                   \
+	do {                            \
+		if (unlikely(!real.field)) \
+			resolve_real(); \
+	} while (0)
+
+/* An allocator interposer: record, then call inside the depth counter, so
+ * that what the allocator does meanwhile (a hook it runs) is flagged. */
+#define ALLOC_CALL(op, field, rtype, call, addr, size, arg)                                   \
+	struct tstate *t = enter_op(op);                                                            \
+	if (!t)                                                                                \
+		return call;                                                                   \
+	rec_alloc(t, op, (__u64)real.field, FRAME, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
+	t->alloc_depth++;                                                                      \
+	leave(t);                                                                              \
+	rtype r = call;                                                                        \
+	t->alloc_depth--;                                                                      \
+	if (!t->alloc_depth)                                                                   \
+		t->alloc_sp = 0;                                                               \
+	return r;
+
+EXPORT void *malloc(size_t n)
+{
+	if (unlikely(!real.malloc)) {
+		if (resolving)
+			return boot_alloc(n);
+		resolve_real();
+	}
+	ALLOC_CALL(OP_MALLOC, malloc, void *, real.malloc(n), 0, n, 0)
+}
+
+EXPORT void *calloc(size_t n, size_t m)
+{
+	if (unlikely(!real.calloc)) {
+		if (resolving)
+			return boot_alloc(n * m);
+		resolve_real();
+	}
+	ALLOC_CALL(OP_CALLOC, calloc, void *, real.calloc(n, m), 0, n * m, 0)
+}
+
+EXPORT void *realloc(void *p, size_t n)
+{
+	if (unlikely(!real.realloc)) {
+		if (resolving)
+			return boot_alloc(n);
+		resolve_real();
+	}
+	if (unlikely(is_boot(p))) {
+		/* From the bootstrap heap: move it to the real allocator. */
+		void *q = real.malloc(n);
+		if (q)
+			memcpy(q, p, n < 256 ? n : 256);
+		return q;
+	}
+	ALLOC_CALL(OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0)
+}
+
+EXPORT void *reallocarray(void *p, size_t n, size_t m)
+{
+	ENSURE(reallocarray);
+	ALLOC_CALL(OP_REALLOC, reallocarray, void *, real.reallocarray(p, n, m), p, n * m, 0)
+}
+
+/* The size free releases, from glibc's chunk header (as the BPF side reads
+ * it); 0 for another allocator's pointers would be wrong, so only glibc's
+ * layout is assumed where the BPF side assumes it. */
+static size_t chunk_size(void *p)
+{
+	if (!p || !glibc_free)
+		return 0;
+	return (((__u64 *)p)[-1] & ~7ULL) - 8;
+}
+
+EXPORT void free(void *p)
+{
+	if (unlikely(is_boot(p)))
+		return;
+	if (unlikely(!real.free)) {
+		if (resolving)
+			return;
+		resolve_real();
+	}
+	struct tstate *t = enter_op(OP_FREE);
+	if (!t) {
+		real.free(p);
+		return;
+	}
+	rec_alloc(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
+	t->alloc_depth++;
+	leave(t);
+	real.free(p);
+	t->alloc_depth--;
+	if (!t->alloc_depth)
+		t->alloc_sp = 0;
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t n)
+{
+	ENSURE(posix_memalign);
+	ALLOC_CALL(OP_POSIX_MEMALIGN, posix_memalign, int, real.posix_memalign(out, align, n), 0, n, align)
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t n)
+{
+	ENSURE(aligned_alloc);
+	ALLOC_CALL(OP_ALIGNED_ALLOC, aligned_alloc, void *, real.aligned_alloc(align, n), 0, n, align)
+}
+
+EXPORT void *memalign(size_t align, size_t n)
+{
+	ENSURE(memalign);
+	ALLOC_CALL(OP_MEMALIGN, memalign, void *, real.memalign(align, n), 0, n, align)
+}
+
+EXPORT void *valloc(size_t n)
+{
+	ENSURE(valloc);
+	ALLOC_CALL(OP_VALLOC, valloc, void *, real.valloc(n), 0, n, 0)
+}
+
+EXPORT void *pvalloc(size_t n)
+{
+	ENSURE(pvalloc);
+	ALLOC_CALL(OP_PVALLOC, pvalloc, void *, real.pvalloc(n), 0, n, 0)
+}
+
+/* ---- locks -------------------------------------------------------------- */
+
+#define ACQUIRE(op, field, call, lock)                              \
+	ENSURE(field);                                              \
+	struct tstate *t = enter_op(op);                                 \
+	if (t) {                                                    \
+		rec_acquire(t, op, (__u64)(lock), (__u64)real.field, FRAME); \
+		leave(t);                                           \
+	}                                                           \
+	return call;
+
+#define TRY(op, field, call, lock, addr2)                    \
+	ENSURE(field);                                       \
+	struct tstate *t = enter_op(op);                          \
+	if (!t)                                              \
+		return call;                                 \
+	count_call(t, op);                                   \
+	leave(t);                                            \
+	int r = call;                                        \
+	if (!t->guard) {                                     \
+		t->guard = 1;                                \
+		rec_try_result(t, op, (__u64)(lock), (__u64)(addr2), r, FRAME); \
+		leave(t);                                    \
+	}                                                    \
+	return r;
+
+#define RELEASE(op, field, call, lock)       \
+	ENSURE(field);                       \
+	struct tstate *t = enter_op(op);          \
+	if (t) {                             \
+		rec_release(t, op, (__u64)(lock)); \
+		leave(t);                    \
+	}                                    \
+	return call;
+
+EXPORT int pthread_mutex_lock(pthread_mutex_t *m)
+{
+	ACQUIRE(OP_MUTEX_LOCK, mutex_lock, real.mutex_lock(m), m)
+}
+
+EXPORT int pthread_mutex_trylock(pthread_mutex_t *m)
+{
+	TRY(OP_MUTEX_TRYLOCK, mutex_trylock, real.mutex_trylock(m), m, 0)
+}
+
+EXPORT int pthread_mutex_timedlock(pthread_mutex_t *m, const struct timespec *at)
+{
+	TRY(OP_MUTEX_TIMEDLOCK, mutex_timedlock, real.mutex_timedlock(m, at), m, at)
+}
+
+EXPORT int pthread_mutex_clocklock(pthread_mutex_t *m, clockid_t c, const struct timespec *at)
+{
+	TRY(OP_MUTEX_CLOCKLOCK, mutex_clocklock, real.mutex_clocklock(m, c, at), m, c)
+}
+
+EXPORT int pthread_mutex_unlock(pthread_mutex_t *m)
+{
+	RELEASE(OP_MUTEX_UNLOCK, mutex_unlock, real.mutex_unlock(m), m)
+}
+
+EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
+{
+	ENSURE(mutex_init);
+	int r = real.mutex_init(m, a);
+	struct tstate *t = enter_op(OP_MUTEX_INIT);
+	if (t) {
+		/* Read after the init: the kind the attributes gave. */
+		rec_simple(t, OP_MUTEX_INIT, (__u64)m, mutex_kind(OP_MUTEX_INIT, (__u64)m), (__u64)real.mutex_init,
+			   FRAME);
+		leave(t);
+	}
+	return r;
+}
+
+EXPORT int pthread_mutex_destroy(pthread_mutex_t *m)
+{
+	ENSURE(mutex_destroy);
+	struct tstate *t = enter_op(OP_MUTEX_DESTROY);
+	if (t) {
+		rec_simple(t, OP_MUTEX_DESTROY, (__u64)m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m), 0, NULL);
+		leave(t);
+	}
+	return real.mutex_destroy(m);
+}
+
+EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
+{
+	ACQUIRE(OP_RWLOCK_RDLOCK, rw_rdlock, real.rw_rdlock(l), l)
+}
+
+EXPORT int pthread_rwlock_wrlock(pthread_rwlock_t *l)
+{
+	ACQUIRE(OP_RWLOCK_WRLOCK, rw_wrlock, real.rw_wrlock(l), l)
+}
+
+EXPORT int pthread_rwlock_tryrdlock(pthread_rwlock_t *l)
+{
+	TRY(OP_RWLOCK_TRYRDLOCK, rw_tryrdlock, real.rw_tryrdlock(l), l, 0)
+}
+
+EXPORT int pthread_rwlock_trywrlock(pthread_rwlock_t *l)
+{
+	TRY(OP_RWLOCK_TRYWRLOCK, rw_trywrlock, real.rw_trywrlock(l), l, 0)
+}
+
+EXPORT int pthread_rwlock_timedrdlock(pthread_rwlock_t *l, const struct timespec *at)
+{
+	TRY(OP_RWLOCK_TIMEDRDLOCK, rw_timedrdlock, real.rw_timedrdlock(l, at), l, at)
+}
+
+EXPORT int pthread_rwlock_timedwrlock(pthread_rwlock_t *l, const struct timespec *at)
+{
+	TRY(OP_RWLOCK_TIMEDWRLOCK, rw_timedwrlock, real.rw_timedwrlock(l, at), l, at)
+}
+
+EXPORT int pthread_rwlock_clockrdlock(pthread_rwlock_t *l, clockid_t c, const struct timespec *at)
+{
+	TRY(OP_RWLOCK_CLOCKRDLOCK, rw_clockrdlock, real.rw_clockrdlock(l, c, at), l, c)
+}
+
+EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *l, clockid_t c, const struct timespec *at)
+{
+	TRY(OP_RWLOCK_CLOCKWRLOCK, rw_clockwrlock, real.rw_clockwrlock(l, c, at), l, c)
+}
+
+EXPORT int pthread_rwlock_unlock(pthread_rwlock_t *l)
+{
+	RELEASE(OP_RWLOCK_UNLOCK, rw_unlock, real.rw_unlock(l), l)
+}
+
+EXPORT int pthread_spin_lock(pthread_spinlock_t *l)
+{
+	ACQUIRE(OP_SPIN_LOCK, spin_lock, real.spin_lock(l), l)
+}
+
+EXPORT int pthread_spin_trylock(pthread_spinlock_t *l)
+{
+	TRY(OP_SPIN_TRYLOCK, spin_trylock, real.spin_trylock(l), l, 0)
+}
+
+EXPORT int pthread_spin_unlock(pthread_spinlock_t *l)
+{
+	RELEASE(OP_SPIN_UNLOCK, spin_unlock, real.spin_unlock(l), l)
+}
+
+/* cond_wait releases its mutex at entry and holds it again at return,
+ * whatever the result (as the BPF side's entry and return probes say). */
+static void cond_enter(struct tstate *t, __u32 op, pthread_cond_t *c, pthread_mutex_t *m, __u64 fn, __u64 *frame)
+{
+	count_call(t, op);
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = (__u64)c;
+	e.addr2 = (__u64)m;
+	held_pop(t, (__u64)m);
+	if (t->held > 0)
+		t->held--;
+	send_with_stack(t, &e, fn, frame);
+}
+
+static void cond_return(struct tstate *t, __u32 op, pthread_cond_t *c, pthread_mutex_t *m, int ret, __u64 *frame)
+{
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	e.flags = F_RETURN | F_ACQUIRED;
+	e.addr = (__u64)c;
+	e.addr2 = (__u64)m;
+	e.ret = ret;
+	t->held++;
+	if (t->held > 1)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	send_with_stack(t, &e, 0, frame);
+	held_push(t, (__u64)m, OP_MUTEX_LOCK, 0, e.stack, e.time, 1);
+}
+
+#define COND(op, field, call)                                  \
+	ENSURE(field);                                         \
+	struct tstate *t = enter_op(op);                            \
+	if (!t)                                                \
+		return call;                                   \
+	cond_enter(t, op, c, m, (__u64)real.field, FRAME);     \
+	leave(t);                                              \
+	int r = call;                                          \
+	if (!t->guard) {                                       \
+		t->guard = 1;                                  \
+		cond_return(t, op, c, m, r, FRAME);            \
+		leave(t);                                      \
+	}                                                      \
+	return r;
+
+EXPORT int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
+{
+	COND(OP_COND_WAIT, cond_wait, real.cond_wait(c, m))
+}
+
+EXPORT int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *at)
+{
+	COND(OP_COND_TIMEDWAIT, cond_timedwait, real.cond_timedwait(c, m, at))
+}
+
+/* The analyzer knows one timed wait: clockwait is one. */
+EXPORT int pthread_cond_clockwait(pthread_cond_t *c, pthread_mutex_t *m, clockid_t clk, const struct timespec *at)
+{
+	COND(OP_COND_TIMEDWAIT, cond_clockwait, real.cond_clockwait(c, m, clk, at))
+}
+
+/* ---- threads and processes ---------------------------------------------- */
+
+/* What a new thread needs from its creator, in a static pool: the shim
+ * must not allocate for it (a new thread's first allocator call creates
+ * its arena, and that call must be the target's own). */
+struct start {
+	void *(*fn)(void *);
+	void *arg;
+	__u32 parent_tid;
+	int busy;
+	__u64 stack;
+};
+
+#define START_SLOTS 256
+static struct start starts[START_SLOTS];
+
+static struct start *start_get(void)
+{
+	for (int i = 0; i < START_SLOTS; i++) {
+		int zero = 0;
+		if (__atomic_compare_exchange_n(&starts[i].busy, &zero, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+			return &starts[i];
+	}
+	return NULL;
+}
+
+static void thread_exit_event(struct tstate *t, __s64 ret)
+{
+	count_call(t, OP_THREAD_EXIT);
+	struct event e;
+	event_init(&e, t, OP_THREAD_EXIT);
+	e.ret = ret;
+	event_send(&e);
+}
+
+static void *thread_start(void *p)
+{
+	struct start *sp = p, s = *sp;
+	__atomic_store_n(&sp->busy, 0, __ATOMIC_RELEASE);
+	struct tstate *t = enter();
+	if (t) {
+		/* Above this frame are glibc's start_thread frame, then the
+		 * thread's TLS and struct pthread (over 2 KiB): all mapped, so
+		 * walks and samples may read that far and reach start_thread,
+		 * as the BPF side's do. */
+		t->stack_hi = (__u64)__builtin_frame_address(0) + 1024;
+		/* The creation, as the BPF side's sched_process_fork reports it:
+		 * by the creating thread, naming the new one. */
+		count_call(t, OP_THREAD_CREATE);
+		struct event e;
+		event_init(&e, t, OP_THREAD_CREATE);
+		e.tid = s.parent_tid;
+		e.arg = t->tid;
+		e.addr = my_pid;
+		e.stack = s.stack;
+		event_send(&e);
+		leave(t);
+	}
+	void *r = s.fn(s.arg);
+	t = enter();
+	if (t) {
+		thread_exit_event(t, 0);
+		leave(t);
+	}
+	return r;
+}
+
+EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	ENSURE(create);
+	struct tstate *t = enter();
+	if (!t)
+		return real.create(th, attr, fn, arg);
+	struct start *s = start_get();
+	if (!s) {
+		/* 256 threads being started at once: this one goes unrecorded
+		 * in its creation only. */
+		leave(t);
+		return real.create(th, attr, fn, arg);
+	}
+	s->fn = fn;
+	s->arg = arg;
+	s->parent_tid = t->tid;
+	s->stack = take_stack(t, (__u64)real.create, FRAME);
+	leave(t);
+	int r = real.create(th, attr, thread_start, s);
+	if (r != 0)
+		__atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
+	return r;
+}
+
+EXPORT void pthread_exit(void *ret)
+{
+	ENSURE(exit);
+	struct tstate *t = enter();
+	if (t) {
+		thread_exit_event(t, 0);
+		leave(t);
+	}
+	real.exit(ret);
+}
+
+/* In a child of fork: state starts afresh (the thread's held set and
+ * counter slot were its parent's), and without follow-forks the child
+ * records nothing. */
+static void after_fork_child(void)
+{
+	my_pid = getpid();
+	active = shm && (cfg_flags & SHM_F_FOLLOW);
+	ts.inited = 0;
+	ts.guard = 0;
+}
+
+EXPORT pid_t fork(void)
+{
+	ENSURE(fork);
+	pid_t r = real.fork();
+	if (r == 0) {
+		after_fork_child();
+		return 0;
+	}
+	if (r > 0) {
+		int saved = errno;
+		struct tstate *t = enter();
+		if (t) {
+			count_call(t, OP_THREAD_CREATE);
+			struct event e;
+			event_init(&e, t, OP_THREAD_CREATE);
+			e.flags = F_PROCESS;
+			e.arg = (__u64)r;
+			e.addr = (__u64)r;
+			e.stack = take_stack(t, (__u64)real.fork, FRAME);
+			event_send(&e);
+			leave(t);
+		}
+		errno = saved;
+	}
+	return r;
+}
+
+/* ---- --probe: breakpoints handled in the process ---------------------- */
+
+/* A function the user named, reached by calls inside its own object as
+ * well as through the PLT: its first byte is an int3, the SIGTRAP handler
+ * records the entry and resumes at a copy of the first instruction, which
+ * jumps back after it. Nothing is restored in between, so other threads
+ * never run past an unarmed entry. */
+static struct probe {
+	__u64 addr;
+	__u8 *displaced;
+	__u32 index;
+} probes[SHM_PROBES];
+static int nprobes;
+static struct sigaction old_trap;
+
+static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
+{
+	__u64 sp = (__u64)uc->uc_mcontext.gregs[REG_RSP];
+	__u64 bp = (__u64)uc->uc_mcontext.gregs[REG_RBP];
+	count_call(t, OP_PROBE_ENTER);
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, OP_PROBE_ENTER);
+	e.arg = pr->index;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	/* The whole stack, unwound by hooktrace with .eh_frame: the rule
+	 * OUTER>INNER looks for OUTER among INNER's callers. */
+	if (cfg_flags & SHM_F_SAMPLES)
+		e.stack = take_sample_regs(t, pr->addr, sp, bp, 0);
+	if (!e.stack) {
+		struct stack r;
+		__u32 n = 0;
+		r.ips[n++] = pr->addr;
+		if (t->stack_hi && sp + 8 <= t->stack_hi)
+			r.ips[n++] = real_ret(t, sp, *(__u64 *)sp);
+		__u64 lo = sp, fp = bp;
+		while (n < MAX_FRAMES && t->stack_hi && fp > lo && fp + 16 <= t->stack_hi && !(fp & 7)) {
+			__u64 *f = (__u64 *)fp;
+			__u64 ra = real_ret(t, fp + 8, f[1]);
+			if (!ra)
+				break;
+			r.ips[n++] = ra;
+			lo = fp;
+			fp = f[0];
+		}
+		e.stack = send_stack(&r, n, n == MAX_FRAMES);
+	}
+	event_send(&e);
+	/* The exit: the return address goes through the exit stub, as a
+	 * uretprobe's does through the kernel's trampoline. */
+	if (t->nshadow < sizeof(t->shadow) / sizeof(t->shadow[0]) && t->stack_hi && sp + 8 <= t->stack_hi) {
+		t->shadow[t->nshadow++] = (struct shadow){sp, *(__u64 *)sp, pr->index};
+		*(__u64 *)sp = (__u64)probe_exit_stub;
+	}
+}
+
+/* Called by the exit stub with the function's return value and the slot
+ * its return address was in; returns where to go back to. Entries above
+ * the slot are of frames a longjmp left. */
+__attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 slot)
+{
+	struct tstate *t = &ts;
+	while (t->nshadow > 0 && t->shadow[t->nshadow - 1].slot < slot)
+		t->nshadow--;
+	if (t->nshadow == 0 || t->shadow[t->nshadow - 1].slot != slot)
+		abort(); /* no way back: the stack was changed under the recorder */
+	struct shadow sh = t->shadow[--t->nshadow];
+	int saved = errno;
+	if (!t->guard && active) {
+		t->guard = 1;
+		count_call(t, OP_PROBE_EXIT);
+		struct event e;
+		event_init(&e, t, OP_PROBE_EXIT);
+		e.flags = F_RETURN;
+		e.arg = sh.index;
+		e.ret = (__s64)rax;
+		event_send(&e);
+		t->guard = 0;
+	}
+	errno = saved;
+	return sh.ret;
+}
+
+/* The exit stub: keeps every register and the flags (a caller compiled
+ * with interprocedural register allocation may keep values in
+ * caller-saved registers across a call it knows), asks probe_exit_c where
+ * to go back to, and goes there with ret through a slot reserved first.
+ * The stack is 16-byte aligned at the call. */
+__asm__(".text\n"
+	".type probe_exit_stub,@function\n"
+	"probe_exit_stub:\n"
+	"\tsub $8, %rsp\n"
+	"\tpushfq\n"
+	"\tpush %rax\n"
+	"\tpush %rcx\n"
+	"\tpush %rdx\n"
+	"\tpush %rsi\n"
+	"\tpush %rdi\n"
+	"\tpush %r8\n"
+	"\tpush %r9\n"
+	"\tpush %r10\n"
+	"\tpush %r11\n"
+	"\tsub $264, %rsp\n"
+	"\tmovdqu %xmm0, 0(%rsp)\n"
+	"\tmovdqu %xmm1, 16(%rsp)\n"
+	"\tmovdqu %xmm2, 32(%rsp)\n"
+	"\tmovdqu %xmm3, 48(%rsp)\n"
+	"\tmovdqu %xmm4, 64(%rsp)\n"
+	"\tmovdqu %xmm5, 80(%rsp)\n"
+	"\tmovdqu %xmm6, 96(%rsp)\n"
+	"\tmovdqu %xmm7, 112(%rsp)\n"
+	"\tmovdqu %xmm8, 128(%rsp)\n"
+	"\tmovdqu %xmm9, 144(%rsp)\n"
+	"\tmovdqu %xmm10, 160(%rsp)\n"
+	"\tmovdqu %xmm11, 176(%rsp)\n"
+	"\tmovdqu %xmm12, 192(%rsp)\n"
+	"\tmovdqu %xmm13, 208(%rsp)\n"
+	"\tmovdqu %xmm14, 224(%rsp)\n"
+	"\tmovdqu %xmm15, 240(%rsp)\n"
+	"\tmov 328(%rsp), %rdi\n"
+	"\tlea 344(%rsp), %rsi\n"
+	"\tcall probe_exit_c\n"
+	"\tmov %rax, 344(%rsp)\n"
+	"\tmovdqu 0(%rsp), %xmm0\n"
+	"\tmovdqu 16(%rsp), %xmm1\n"
+	"\tmovdqu 32(%rsp), %xmm2\n"
+	"\tmovdqu 48(%rsp), %xmm3\n"
+	"\tmovdqu 64(%rsp), %xmm4\n"
+	"\tmovdqu 80(%rsp), %xmm5\n"
+	"\tmovdqu 96(%rsp), %xmm6\n"
+	"\tmovdqu 112(%rsp), %xmm7\n"
+	"\tmovdqu 128(%rsp), %xmm8\n"
+	"\tmovdqu 144(%rsp), %xmm9\n"
+	"\tmovdqu 160(%rsp), %xmm10\n"
+	"\tmovdqu 176(%rsp), %xmm11\n"
+	"\tmovdqu 192(%rsp), %xmm12\n"
+	"\tmovdqu 208(%rsp), %xmm13\n"
+	"\tmovdqu 224(%rsp), %xmm14\n"
+	"\tmovdqu 240(%rsp), %xmm15\n"
+	"\tadd $264, %rsp\n"
+	"\tpop %r11\n"
+	"\tpop %r10\n"
+	"\tpop %r9\n"
+	"\tpop %r8\n"
+	"\tpop %rdi\n"
+	"\tpop %rsi\n"
+	"\tpop %rdx\n"
+	"\tpop %rcx\n"
+	"\tpop %rax\n"
+	"\tpopfq\n"
+	"\tret\n"
+	".size probe_exit_stub, .-probe_exit_stub\n");
+
+static void on_trap(int sig, siginfo_t *si, void *ucv)
+{
+	ucontext_t *uc = ucv;
+	__u64 at = (__u64)uc->uc_mcontext.gregs[REG_RIP] - 1;
+	for (int i = 0; i < nprobes; i++) {
+		if (probes[i].addr != at)
+			continue;
+		int saved = errno;
+		struct tstate *t = enter();
+		if (t) {
+			probe_hit(t, &probes[i], uc);
+			leave(t);
+		}
+		errno = saved;
+		uc->uc_mcontext.gregs[REG_RIP] = (greg_t)probes[i].displaced;
+		return;
+	}
+	/* Not ours: what the program would have had. */
+	if (old_trap.sa_flags & SA_SIGINFO) {
+		old_trap.sa_sigaction(sig, si, ucv);
+	} else if (old_trap.sa_handler != SIG_DFL && old_trap.sa_handler != SIG_IGN) {
+		old_trap.sa_handler(sig);
+	} else {
+		sigaction(SIGTRAP, &old_trap, NULL);
+		raise(SIGTRAP);
+	}
+}
+
+struct probe_search {
+	const struct shm_probe *want;
+	__u64 addr;
+};
+
+static const char *base_name(const char *p)
+{
+	const char *b = p;
+	for (; *p; p++)
+		if (*p == '/')
+			b = p + 1;
+	return b;
+}
+
+static int find_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct probe_search *ps = data;
+	const char *name = info->dlpi_name ? info->dlpi_name : "";
+	int is_exe = name[0] == 0 && !ps->addr;
+	if ((ps->want->object[0] == 0 && is_exe) ||
+	    (ps->want->object[0] && name[0] && strcmp(base_name(name), ps->want->object) == 0)) {
+		ps->addr = info->dlpi_addr + ps->want->vaddr;
+		return 1;
+	}
+	return 0;
+}
+
+/* Arms the probes of the table, in the constructor: before main, before
+ * any thread but this one runs. A function whose live first bytes are not
+ * the file's (a runtime patched it) is left alone. */
+static void install_probes(void)
+{
+	__u32 n = *H32(SHM_OFF_NPROBES);
+	if (n == 0 || n > SHM_PROBES)
+		return;
+	long page = sysconf(_SC_PAGESIZE);
+	for (__u32 i = 0; i < n; i++) {
+		const struct shm_probe *sp = (const struct shm_probe *)(shm + SHM_OFF_PROBES + i * SHM_PROBE_BYTES);
+		struct probe_search ps = {sp, 0};
+		dl_iterate_phdr(find_object, &ps);
+		if (!ps.addr || sp->len == 0 || sp->len > 15 || memcmp((void *)ps.addr, sp->insn, sp->len) != 0)
+			continue;
+		/* The displaced copy goes within 2 GiB of the function, so a
+		 * rip-relative operand can still reach its target. */
+		__u8 *tramp = MAP_FAILED;
+		for (__u64 k = 1; k <= 512 && tramp == MAP_FAILED; k++) {
+			__u64 hint = (ps.addr & ~(__u64)(page - 1)) - k * (1ULL << 20);
+			tramp = mmap((void *)hint, (size_t)page, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		}
+		if (tramp == MAP_FAILED)
+			continue;
+		memcpy(tramp, sp->insn, sp->len);
+		if (sp->disp_at) {
+			__s32 disp;
+			memcpy(&disp, tramp + sp->disp_at, 4);
+			__s64 moved = (__s64)disp + (__s64)ps.addr - (__s64)(__u64)tramp;
+			if (moved != (__s32)moved) {
+				munmap(tramp, (size_t)page);
+				continue;
+			}
+			disp = (__s32)moved;
+			memcpy(tramp + sp->disp_at, &disp, 4);
+		}
+		/* Then jmp *0(%rip) back to the next instruction. */
+		__u8 *j = tramp + sp->len;
+		j[0] = 0xff, j[1] = 0x25, j[2] = j[3] = j[4] = j[5] = 0;
+		__u64 back = ps.addr + sp->len;
+		memcpy(j + 6, &back, 8);
+		mprotect(tramp, (size_t)page, PROT_READ | PROT_EXEC);
+		probes[nprobes] = (struct probe){ps.addr, tramp, sp->index};
+		nprobes++;
+	}
+	if (nprobes == 0)
+		return;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_trap;
+	sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
+	sigfillset(&sa.sa_mask);
+	sigaction(SIGTRAP, &sa, &old_trap);
+	for (int i = 0; i < nprobes; i++) {
+		__u64 pg = probes[i].addr & ~(__u64)(page - 1);
+		if (mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE | PROT_EXEC) != 0)
+			continue;
+		*(volatile __u8 *)probes[i].addr = 0xcc;
+		mprotect((void *)pg, (size_t)page, PROT_READ | PROT_EXEC);
+	}
+}
+
+/* A new process image is an exec, as the BPF side's sched_process_exec
+ * reports it: the first record of each image. */
+static void exec_event(struct tstate *t)
+{
+	count_call(t, OP_EXEC);
+	struct event e;
+	event_init(&e, t, OP_EXEC);
+	event_send(&e);
+}
+
+/* Recording starts here if no interposed call came first. The main
+ * thread's exit is recorded at exit(). */
+__attribute__((constructor)) static void shim_init(void)
+{
+	struct tstate *t = enter();
+	if (t) {
+		install_probes();
+		leave(t);
+	}
+}
+
+__attribute__((destructor)) static void shim_fini(void)
+{
+	struct tstate *t = enter();
+	if (!t)
+		return;
+	thread_exit_event(t, 0);
+	leave(t);
+}

@@ -1,0 +1,512 @@
+package tracer
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/preload"
+)
+
+// The shared-memory layout of ../preload/shm.h (TestShmLayout checks these
+// against the header with the C compiler).
+const (
+	shmMagic      = 0x314d48534b4f4f48
+	shmVersion    = 1
+	shmEnv        = "HOOKTRACE_SHM_FD"
+	shmSlots      = 1024
+	shmSlotOps    = 64
+	shmOffMagic   = 0
+	shmOffVersion = 8
+	shmOffTraced  = 12
+	shmOffFlags   = 16
+	shmOffSize    = 24
+	shmOffData    = 32
+	shmOffHead    = 64
+	shmOffTail    = 128
+	shmOffLost    = 192
+	shmOffShared  = 512
+	shmOffSlots   = 1024
+	shmHeader     = shmOffProbes + shmProbes*shmProbeBytes
+	shmRecHdr     = 16
+	shmKindData   = 0
+	shmKindPad    = 1
+	shmFFull      = 1
+	shmFFollow    = 2
+	shmFSamples   = 4
+)
+
+// shimFD is the descriptor the target finds the shared memory at: the
+// gate's pipe is 3, the first extra file 4.
+const shimFD = 4
+
+// Preload is the user-space recorder: hooktrace preloads a small library
+// (../preload) into the target, which records its allocator, lock and
+// thread calls into a ring in shared memory, in the BPF ring's record
+// layout. It needs no privileges and no kernel trap per call; what it
+// cannot see is a call that does not go through the PLT (inside one
+// object) and the system calls themselves.
+type Preload struct {
+	opts      Options
+	memfd     *os.File
+	mem       []byte
+	ring      []byte
+	dir       string // holds the library written out for the loader
+	shim      string
+	conv      *converter
+	allocator string
+	lostSeen  uint64
+	tail      uint64
+	lostTail  uint64 // records skipped that a killed writer never finished
+
+	// sys, when set, is a BPF tracer with only its tracepoints: the memory
+	// syscalls glibc makes inside free, which no interposition sees.
+	sys      *Tracer
+	sysRec   ringbuf.Record
+	sysGroup [][]byte     // stack records waiting for their event
+	sysQueue []sysPending // read, not yet merged into the stream
+}
+
+// sysPending is a syscall event (with the records it names) waiting to be
+// merged by time with the shim's records.
+type sysPending struct {
+	time uint64
+	recs [][]byte
+}
+
+// AddSyscalls adds the kernel's view of the memory syscalls: t must be
+// opened with SyscallsOnly. Its events are merged by time into this
+// recorder's stream; its thread and exec events are the shim's already.
+func (p *Preload) AddSyscalls(t *Tracer) {
+	p.sys = t
+	t.conv = p.conv
+}
+
+// Syscalls says whether the kernel's syscall tracepoint is added.
+func (p *Preload) Syscalls() bool { return p.sys != nil }
+
+// NewPreload prepares the shared memory and the library. The ring's size
+// is opts.RingBytes.
+func NewPreload(opts Options) (*Preload, error) {
+	if opts.Mode == "" {
+		opts.Mode = ModeAggregate
+	}
+	if opts.Mode != ModeAggregate && opts.Mode != ModeFull {
+		return nil, fmt.Errorf("unknown mode %q (aggregate or full)", opts.Mode)
+	}
+	if opts.Warn == nil {
+		opts.Warn = func(string) {}
+	}
+	if len(opts.UserProbes) > shmProbes {
+		return nil, fmt.Errorf("%d functions to probe: the preload recorder takes at most %d", len(opts.UserProbes), shmProbes)
+	}
+	size := opts.RingBytes
+	if size == 0 {
+		size = 16 << 20
+	}
+	if size&(size-1) != 0 || size < 4096 {
+		return nil, fmt.Errorf("ring size %d is not a power of two from 4K", size)
+	}
+	p := &Preload{opts: opts}
+	fd, err := unix.MemfdCreate("hooktrace-ring", 0)
+	if err != nil {
+		return nil, fmt.Errorf("creating the shared memory: %w", err)
+	}
+	p.memfd = os.NewFile(uintptr(fd), "hooktrace-ring")
+	total := shmHeader + size
+	if err := p.memfd.Truncate(int64(total)); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("sizing the shared memory: %w", err)
+	}
+	p.mem, err = unix.Mmap(fd, 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("mapping the shared memory: %w", err)
+	}
+	p.ring = p.mem[shmHeader:]
+	var flags uint32
+	if opts.Mode == ModeFull {
+		flags |= shmFFull
+	}
+	if opts.FollowForks {
+		flags |= shmFFollow
+	}
+	if !opts.NoSamples {
+		flags |= shmFSamples
+	}
+	le := binary.LittleEndian
+	le.PutUint32(p.mem[shmOffVersion:], shmVersion)
+	le.PutUint32(p.mem[shmOffFlags:], flags)
+	le.PutUint64(p.mem[shmOffSize:], uint64(size))
+	le.PutUint64(p.mem[shmOffData:], shmHeader)
+	// The magic last: a shim that sees it sees the rest.
+	atomic.StoreUint64(p.u64(shmOffMagic), shmMagic)
+	if err := p.writeShim(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	p.conv = newConverter(opts.Warn)
+	p.conv.hide = p.shim
+	return p, nil
+}
+
+// writeShim writes the library to a private directory: the loader needs a
+// path, and one that later children of the target can open too.
+func (p *Preload) writeShim() error {
+	dir, err := os.MkdirTemp("", "hooktrace-")
+	if err != nil {
+		return fmt.Errorf("making a directory for the preloaded library: %w", err)
+	}
+	p.dir = dir
+	sum := sha256.Sum256(preload.Shim)
+	// The name carries the content: a stack symbolized later names the
+	// library that ran.
+	p.shim = filepath.Join(dir, "libhooktrace_preload-"+hex.EncodeToString(sum[:6])+".so")
+	if err := os.WriteFile(p.shim, preload.Shim, 0o500); err != nil {
+		return fmt.Errorf("writing the preloaded library: %w", err)
+	}
+	return nil
+}
+
+func (p *Preload) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&p.mem[off])) }
+
+// Env returns environ with the library preloaded ahead of the user's own
+// LD_PRELOAD entries (a preloaded jemalloc stays the allocator: the shim
+// forwards to the next definition) and the shared memory's descriptor.
+func (p *Preload) Env(environ []string) []string {
+	out := make([]string, 0, len(environ)+2)
+	pre := p.shim
+	for _, kv := range environ {
+		switch {
+		case strings.HasPrefix(kv, "LD_PRELOAD="):
+			if v := strings.TrimPrefix(kv, "LD_PRELOAD="); v != "" {
+				pre += ":" + v
+			}
+		case strings.HasPrefix(kv, shmEnv+"="):
+		default:
+			out = append(out, kv)
+		}
+	}
+	return append(out, "LD_PRELOAD="+pre, fmt.Sprintf("%s=%d", shmEnv, shimFD))
+}
+
+// Files are the descriptors the target inherits, from fd 4 on.
+func (p *Preload) Files() []*os.File { return []*os.File{p.memfd} }
+
+// Attach names the traced process: a gated child, before it execs. Only
+// it (and with FollowForks its children) records.
+func (p *Preload) Attach(pid int, exe string) error {
+	if err := checkProcess(pid); err != nil {
+		return err
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&p.mem[shmOffTraced])), uint32(pid))
+	if p.sys != nil {
+		if err := p.sys.Attach(pid, exe); err != nil {
+			return err
+		}
+	}
+	// Watch its mappings from now on: a short-lived target may be gone
+	// before its first record is read.
+	p.conv.proc(uint32(pid))
+	if exe != "" {
+		// Which allocator the target will use, for the header: the
+		// shim forwards to it and knows exactly when a call is inside
+		// it, so the converter needs no address range.
+		plan, err := planSites(pid, exe, p.opts.UserProbes, func(string) {})
+		if err != nil {
+			if len(p.opts.UserProbes) > 0 {
+				return err
+			}
+			return nil
+		}
+		if a := findAllocator(plan); a != nil {
+			p.allocator = a.name
+		}
+		// And where the user's probes go.
+		return p.writeProbes(plan, exe)
+	}
+	return nil
+}
+
+// On turns the kernel side on, when there is one (the memory syscalls'
+// tracepoint); the shim records from the target's first instruction.
+func (p *Preload) On() error {
+	if p.sys != nil {
+		return p.sys.On()
+	}
+	return nil
+}
+
+// Exec is a no-op: the shim in the new image starts with an exec record.
+func (p *Preload) Exec(pid int) {}
+
+// Exiting takes the last snapshot of pid's mappings, held at its exit.
+func (p *Preload) Exiting(pid int) { p.conv.refreshMaps(uint32(pid)) }
+
+// Library is the path of the library the target preloads.
+func (p *Preload) Library() string { return p.shim }
+
+// Allocator names the target's allocator.
+func (p *Preload) Allocator() string { return p.allocator }
+
+// Recorder names this recorder in trace headers.
+func (p *Preload) Recorder() string { return "preload" }
+
+// Sites lists what the shim interposes.
+func (p *Preload) Sites() []events.ProbeSite {
+	var out []events.ProbeSite
+	for _, f := range probeFuncs {
+		out = append(out, events.ProbeSite{Name: f.name, Object: "libhooktrace_preload.so", Kind: "preload"})
+	}
+	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
+		"fork"} {
+		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
+	}
+	if p.sys != nil {
+		out = append(out, p.sys.Sites()...)
+	}
+	return out
+}
+
+// Run reads the ring and hands each record to emit until stop is closed
+// and the ring is drained.
+func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) error {
+	p.conv.emit = emit
+	stopped := false
+	idle := time.Millisecond
+	lostTick := time.Now()
+	for {
+		if stopped && p.sys != nil {
+			p.sys.objs.TracingOn.Set(uint32(0))
+			p.sys.closeLinks()
+		}
+		if err := p.readSys(); err != nil {
+			return err
+		}
+		n, err := p.drain(stopped)
+		if err != nil {
+			return err
+		}
+		// Syscall events no shim record will come before any more.
+		upTo := MonotonicNow() - uint64(100*time.Millisecond)
+		if stopped {
+			upTo = ^uint64(0)
+		}
+		if err := p.flushSys(upTo); err != nil {
+			return err
+		}
+		if time.Since(lostTick) > time.Second || stopped {
+			lostTick = time.Now()
+			if err := p.reportLost(); err != nil {
+				return err
+			}
+		}
+		if stopped {
+			return nil
+		}
+		if n > 0 {
+			idle = time.Millisecond
+			continue
+		}
+		select {
+		case <-stop:
+			// The target is gone (or tracing ends): one last pass, in
+			// which records a killed writer left unfinished are skipped.
+			stopped = true
+		case <-time.After(idle):
+			idle = min(2*idle, 20*time.Millisecond)
+		}
+	}
+}
+
+// drain converts every committed record and returns how many it read.
+// final: no writer is left, so an unfinished record will stay unfinished.
+func (p *Preload) drain(final bool) (int, error) {
+	size := uint64(len(p.ring))
+	head := atomic.LoadUint64(p.u64(shmOffHead))
+	n := 0
+	for p.tail < head {
+		off := p.tail & (size - 1)
+		hdr := p.ring[off:]
+		seq := atomic.LoadUint64((*uint64)(unsafe.Pointer(&hdr[0])))
+		ln := uint64(binary.LittleEndian.Uint32(hdr[8:]))
+		kind := binary.LittleEndian.Uint32(hdr[12:])
+		step := (shmRecHdr + ln + 15) &^ 15
+		if seq != p.tail+1 {
+			if !final {
+				break
+			}
+			// Reserved and never committed: its writer died in it.
+			if kind > shmKindPad || off+step > size || p.tail+step > head {
+				p.lostTail++
+				p.tail = head
+				break
+			}
+			p.lostTail++
+			p.tail += step
+			continue
+		}
+		if kind == shmKindData {
+			body := hdr[shmRecHdr : shmRecHdr+ln]
+			if len(body) >= sizeEvent && binary.LittleEndian.Uint32(body) == recEvent {
+				// The kernel's syscall events that happened before
+				// this one go first.
+				if err := p.flushSys(binary.LittleEndian.Uint64(body[16:])); err != nil {
+					return n, err
+				}
+			}
+			if err := p.conv.raw(body); err != nil {
+				return n, err
+			}
+			n++
+		}
+		p.tail += step
+		if n%256 == 0 {
+			atomic.StoreUint64(p.u64(shmOffTail), p.tail)
+		}
+	}
+	atomic.StoreUint64(p.u64(shmOffTail), p.tail)
+	return n, nil
+}
+
+// The record type and ops the merge looks at (bpf/hooktrace.h).
+const recEvent = 1
+
+// readSys queues what the syscall tracepoint recorded, without waiting.
+func (p *Preload) readSys() error {
+	if p.sys == nil {
+		return nil
+	}
+	p.sys.rd.SetDeadline(time.Now())
+	for {
+		err := p.sys.rd.ReadInto(&p.sysRec)
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, ringbuf.ErrFlushed) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the ring buffer: %w", err)
+		}
+		b := p.sysRec.RawSample
+		rec := append([]byte(nil), b...)
+		if len(b) < sizeEvent || binary.LittleEndian.Uint32(b) != recEvent {
+			p.sysGroup = append(p.sysGroup, rec)
+			continue
+		}
+		switch events.Op(binary.LittleEndian.Uint16(b[4:])) {
+		case events.OpExec, events.OpThreadCreate, events.OpThreadExit:
+			// The shim reports these, from inside the process.
+			p.sysGroup = p.sysGroup[:0]
+			continue
+		}
+		p.sysQueue = append(p.sysQueue, sysPending{time: binary.LittleEndian.Uint64(b[16:]), recs: append(p.sysGroup, rec)})
+		p.sysGroup = nil
+	}
+}
+
+// flushSys converts the queued syscall events up to time upTo.
+func (p *Preload) flushSys(upTo uint64) error {
+	if len(p.sysQueue) == 0 || p.sysQueue[0].time > upTo {
+		return nil
+	}
+	// The BPF ring is in reservation order across CPUs, nearly by time.
+	slices.SortStableFunc(p.sysQueue, func(a, b sysPending) int { return cmp.Compare(a.time, b.time) })
+	i := 0
+	for ; i < len(p.sysQueue) && p.sysQueue[i].time <= upTo; i++ {
+		for _, r := range p.sysQueue[i].recs {
+			if err := p.conv.raw(r); err != nil {
+				return err
+			}
+		}
+	}
+	p.sysQueue = p.sysQueue[i:]
+	return nil
+}
+
+func (p *Preload) reportLost() error {
+	total := p.Lost()
+	if total <= p.lostSeen {
+		return nil
+	}
+	n := total - p.lostSeen
+	p.lostSeen = total
+	return p.conv.emitLost(n)
+}
+
+// Lost is how many records the shim had no room for, plus any a killed
+// writer left unfinished.
+func (p *Preload) Lost() uint64 {
+	n := p.lostTail
+	if p.sys != nil {
+		n += p.sys.Lost()
+	}
+	for i := 0; i < 4; i++ {
+		n += atomic.LoadUint64(p.u64(shmOffLost + 8*i))
+	}
+	return n
+}
+
+// Calls counts every interposed call by name, recorded or not.
+func (p *Preload) Calls() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, op := range events.Ops() {
+		if int(op) >= shmSlotOps {
+			continue
+		}
+		n := atomic.LoadUint64(p.u64(shmOffShared + 8*int(op)))
+		for s := 0; s < shmSlots; s++ {
+			n += atomic.LoadUint64(p.u64(shmOffSlots + 8*(s*shmSlotOps+int(op))))
+		}
+		if n > 0 {
+			out[op.String()] = n
+		}
+	}
+	if p.sys != nil {
+		for name, n := range p.sys.Calls() {
+			if op, ok := events.OpByName(name); ok && op.IsMemSyscall() {
+				out[name] += n
+			}
+		}
+	}
+	return out
+}
+
+// Seen counts the threads and lock addresses seen so far.
+func (p *Preload) Seen() (threads, locks int64) {
+	return p.conv.nthreads.Load(), p.conv.nlocks.Load()
+}
+
+// Events is the number of event records handed out so far.
+func (p *Preload) Events() uint64 { return p.conv.events.Load() }
+
+// Close releases the shared memory and removes the library.
+func (p *Preload) Close() error {
+	if p.mem != nil {
+		unix.Munmap(p.mem)
+		p.mem = nil
+	}
+	if p.memfd != nil {
+		p.memfd.Close()
+	}
+	if p.dir != "" {
+		os.RemoveAll(p.dir)
+	}
+	if p.sys != nil {
+		p.sys.conv = nil // the shared converter is closed above
+		p.sys.Close()
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package tracer
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"path/filepath"
+
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// The shim's probe table (../preload/src/shm.h): --probe and --forbid
+// functions, which the shim breaks on in the process (int3 and a SIGTRAP
+// handler) and resumes at a displaced copy of their first instruction.
+const (
+	shmOffNProbes = 260
+	shmOffProbes  = shmOffSlots + shmSlots*shmSlotOps*8
+	shmProbes     = 64
+	shmProbeBytes = 128
+)
+
+// writeProbes fills the probe table with the user's functions: where each
+// is (object and address) and its first instruction. An instruction that
+// would not do the same at another address (relative to the instruction
+// pointer, or a transfer of control) is refused with the reason.
+func (p *Preload) writeProbes(plan []site, exe string) error {
+	exeCanon := exe
+	if c, err := filepath.EvalSymlinks(exe); err == nil {
+		exeCanon = c
+	}
+	n := 0
+	for _, s := range plan {
+		if s.userIdx < 0 {
+			continue
+		}
+		spec := p.opts.UserProbes[s.userIdx]
+		if len(s.code) == 0 {
+			return fmt.Errorf("--probe %s: its code could not be read", spec)
+		}
+		inst, err := x86asm.Decode(s.code, 64)
+		if err != nil {
+			return fmt.Errorf("--probe %s: decoding its first instruction: %w", spec, err)
+		}
+		dispAt, why := displacement(inst, s.code[:inst.Len])
+		if why != "" {
+			return fmt.Errorf("--probe %s: its first instruction (%v) %s; use --recorder ebpf", spec, inst, why)
+		}
+		e := p.mem[shmOffProbes+n*shmProbeBytes : shmOffProbes+(n+1)*shmProbeBytes]
+		clear(e)
+		// The executable is the object without a name in the loader's
+		// list; a library is found by its file name.
+		if s.object != exeCanon {
+			copy(e[:79], filepath.Base(s.object))
+		}
+		binary.LittleEndian.PutUint64(e[80:], s.sym.Value)
+		binary.LittleEndian.PutUint32(e[88:], uint32(s.userIdx))
+		e[92] = byte(inst.Len)
+		e[93] = byte(dispAt)
+		copy(e[96:112], s.code[:inst.Len])
+		n++
+	}
+	binary.LittleEndian.PutUint32(p.mem[shmOffNProbes:], uint32(n))
+	return nil
+}
+
+// displacement says where in code (inst's bytes) a rip-relative
+// displacement is, which the shim adjusts for the copy's address (0 for
+// none), or why the instruction cannot run elsewhere.
+func displacement(inst x86asm.Inst, code []byte) (int, string) {
+	switch inst.Op {
+	case x86asm.RET, x86asm.JMP, x86asm.CALL, x86asm.INT, x86asm.SYSCALL:
+		return 0, "transfers control"
+	}
+	for _, a := range inst.Args {
+		switch a := a.(type) {
+		case x86asm.Rel:
+			return 0, "is relative to the instruction pointer"
+		case x86asm.Mem:
+			if a.Base != x86asm.RIP {
+				continue
+			}
+			// The displacement's 4 bytes, after the opcode and
+			// ModRM, before any immediate: the last match.
+			var d [4]byte
+			binary.LittleEndian.PutUint32(d[:], uint32(int32(a.Disp)))
+			for at := len(code) - 4; at >= 2; at-- {
+				if bytes.Equal(code[at:at+4], d[:]) {
+					return at, ""
+				}
+			}
+			return 0, "has a rip-relative operand hooktrace could not locate"
+		}
+	}
+	return 0, ""
+}

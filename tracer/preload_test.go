@@ -1,0 +1,52 @@
+package tracer
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestShmLayout compiles a program against the shim's header and checks
+// that Go's copy of the shared-memory layout says the same.
+func TestShmLayout(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "layout.c")
+	prog := `#include <stdio.h>
+#include <stddef.h>
+#include <linux/types.h>
+#include "shm.h"
+int main(void) {
+	printf("%llu %d %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %zu %zu %zu\n",
+		SHM_MAGIC, SHM_VERSION, SHM_ENV, SHM_SLOTS, SHM_SLOT_OPS,
+		SHM_OFF_MAGIC, SHM_OFF_VERSION, SHM_OFF_TRACED, SHM_OFF_FLAGS, SHM_OFF_DATA_SIZE,
+		SHM_OFF_DATA, SHM_OFF_HEAD, SHM_OFF_TAIL, SHM_OFF_LOST, SHM_OFF_SHARED, SHM_OFF_SLOTS,
+		SHM_HEADER_BYTES, SHM_REC_HDR, SHM_KIND_PAD, SHM_F_FULL, SHM_F_FOLLOW, SHM_F_SAMPLES,
+		SHM_OFF_NPROBES, SHM_OFF_PROBES, SHM_PROBES, SHM_PROBE_BYTES,
+		offsetof(struct shm_probe, vaddr), offsetof(struct shm_probe, insn), sizeof(struct shm_probe));
+	return 0;
+}
+`
+	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "layout")
+	if out, err := exec.Command("gcc", "-I", "../preload/src", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%d %d %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d",
+		uint64(shmMagic), shmVersion, shmEnv, shmSlots, shmSlotOps,
+		shmOffMagic, shmOffVersion, shmOffTraced, shmOffFlags, shmOffSize,
+		shmOffData, shmOffHead, shmOffTail, shmOffLost, shmOffShared, shmOffSlots,
+		shmHeader, shmRecHdr, shmKindPad, shmFFull, shmFFollow, shmFSamples,
+		shmOffNProbes, shmOffProbes, shmProbes, shmProbeBytes, 80, 96, shmProbeBytes)
+	if got := strings.TrimSpace(string(out)); got != want {
+		t.Errorf("C layout:\n  %s\nGo layout:\n  %s", got, want)
+	}
+}
