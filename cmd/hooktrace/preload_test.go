@@ -32,6 +32,24 @@ func asNobody(t *testing.T, prog string, argv ...string) *exec.Cmd {
 	return exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups"}, argv...)...)
 }
 
+// nobodyReport is a path an ordinary user can write a JSON report to (run's
+// stdout is the target's), and a reader of it.
+func nobodyReport(t *testing.T) (path string, read func() string) {
+	t.Helper()
+	dir := t.TempDir()
+	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o777)
+	}
+	path = filepath.Join(dir, "report.json")
+	return path, func() string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("reading the report: %v", err)
+		}
+		return string(b)
+	}
+}
+
 // TestPreloadUnprivileged: an ordinary user runs hooktrace on the inversion
 // program and gets the lock-order-cycle error, lock names and the functions
 // that took each pair, recorded by the preloaded library.
@@ -39,13 +57,14 @@ func TestPreloadUnprivileged(t *testing.T) {
 	prog := testenv.Program(t, "inversion")
 	for _, recorder := range []string{"preload", "auto"} {
 		t.Run(recorder, func(t *testing.T) {
-			cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", recorder, "--format", "json", "--fail-on", "none", "--", prog)
+			report, read := nobodyReport(t)
+			cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", recorder, "--report", "json:"+report, "--fail-on", "none", "--", prog)
 			cmd.Stderr = os.Stderr
-			out, err := cmd.Output()
-			if err != nil {
+			if err := cmd.Run(); err != nil {
 				t.Fatalf("hooktrace as nobody: %v", err)
 			}
-			rep := parseReport(t, string(out))
+			out := read()
+			rep := parseReport(t, out)
 			if rep.Stats.LostEvents != 0 || !rep.Stats.Complete {
 				t.Errorf("lost %d, complete %v", rep.Stats.LostEvents, rep.Stats.Complete)
 			}
@@ -53,7 +72,7 @@ func TestPreloadUnprivileged(t *testing.T) {
 				rep.Stats.Calls["thread_create"] != 2 {
 				t.Errorf("calls %v: want 4 locks, 4 unlocks, 2 thread creations", rep.Stats.Calls)
 			}
-			fs := ofKind(findings(t, string(out)), "lock-order-cycle", "error")
+			fs := ofKind(findings(t, out), "lock-order-cycle", "error")
 			if len(fs) != 1 {
 				t.Fatalf("want 1 lock-order-cycle error, got %v", fs)
 			}
@@ -110,8 +129,8 @@ func TestRecorderParity(t *testing.T) {
 			}
 			got := map[string]result{}
 			for _, rec := range []string{"ebpf", "preload"} {
-				argv := append([]string{"run", "--recorder", rec, "--format", "json", "--fail-on", "none", "--", prog}, c.args...)
-				stdout, stderr, code := hooktrace(t, nil, argv...)
+				argv := append([]string{"--recorder", rec, "--fail-on", "none", "--", prog}, c.args...)
+				stdout, _, stderr, code := runJSON(t, argv...)
 				if code != 0 {
 					t.Fatalf("%s: exit %d\n%s", rec, code, stderr)
 				}
@@ -151,8 +170,8 @@ func TestRecorderParity(t *testing.T) {
 // the trace is complete and every malloc is an event.
 func TestPreloadRingFull(t *testing.T) {
 	prog := testenv.Program(t, "mallocs")
-	stdout, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--mode", "full", "--ring", "4K",
-		"--fail-on", "none", "--format", "json", "--", prog)
+	stdout, _, stderr, code := runJSON(t, "--recorder", "preload", "--mode", "full", "--ring", "4K",
+		"--fail-on", "none", "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
@@ -257,7 +276,7 @@ func TestPreloadJemalloc(t *testing.T) {
 // everything it recorded is in the shared memory and reaches the report.
 func TestPreloadSIGKILL(t *testing.T) {
 	prog := testenv.Program(t, "killself")
-	stdout, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--format", "json", "--fail-on", "none", "--", prog)
+	stdout, _, stderr, code := runJSON(t, "--recorder", "preload", "--fail-on", "none", "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
@@ -291,18 +310,21 @@ func TestPreloadSIGKILL(t *testing.T) {
 // and no frame of the recorder's library, and killed.
 func TestPreloadHangUnprivileged(t *testing.T) {
 	prog := testenv.Program(t, "deadlock")
-	cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", "preload", "--hang-timeout", "2s", "--format", "json", "--", prog)
+	report, read := nobodyReport(t)
+	cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", "preload", "--hang-timeout", "2s", "--report", "json:"+report, "--", prog)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	err := cmd.Run()
+	// Killed by hang detection: 128+SIGKILL, as the README says.
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != exitFindings {
-		t.Fatalf("exit %v, want %d\n%s", err, exitFindings, stderr.String())
+	if !errors.As(err, &ee) || ee.ExitCode() != 137 {
+		t.Fatalf("exit %v, want 137\n%s", err, stderr.String())
 	}
+	out := read()
 	if !strings.Contains(stderr.String(), "hooktrace: deadlock in pid") {
 		t.Errorf("stderr does not say what happened:\n%s", stderr.String())
 	}
-	_, fs := findingsOf(t, string(out))
+	_, fs := findingsOf(t, out)
 	f := checkDeadlockFinding(t, fs)
 	for i := range f.Edges {
 		if text := edgeStackText(&f.Edges[i]); strings.Contains(text, "libhooktrace_preload") {
@@ -317,7 +339,7 @@ func TestPreloadHangUnprivileged(t *testing.T) {
 // and is counted exactly.
 func TestPreloadBehaves(t *testing.T) {
 	prog := testenv.Program(t, "behaves")
-	stdout, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--format", "json", "--fail-on", "none", "--", prog)
+	stdout, _, stderr, code := runJSON(t, "--recorder", "preload", "--fail-on", "none", "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
@@ -433,16 +455,17 @@ func TestDemoUnprivileged(t *testing.T) {
 func TestPreloadForbidUnprivileged(t *testing.T) {
 	prog := testenv.Program(t, "progress")
 	run := func(args ...string) ([]finding, string) {
+		report, read := nobodyReport(t)
 		argv := append([]string{hooktraceBin, "run", "--recorder", "preload", "--forbid", "verify_segment>run_user_rpcs",
-			"--format", "json", "--fail-on", "none", "--", prog}, args...)
+			"--report", "json:" + report, "--fail-on", "none", "--", prog}, args...)
 		cmd := asNobody(t, prog, argv...)
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
+		if err := cmd.Run(); err != nil {
 			t.Fatalf("hooktrace as nobody: %v\n%s", err, stderr.String())
 		}
-		return findings(t, string(out)), stderr.String()
+		out := read()
+		return findings(t, out), stderr.String()
 	}
 	fs, stderr := run()
 	if !strings.Contains(stderr, "rpcs 4") {
