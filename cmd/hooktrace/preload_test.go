@@ -129,7 +129,7 @@ func TestRecorderParity(t *testing.T) {
 			}
 			got := map[string]result{}
 			for _, rec := range []string{"ebpf", "preload"} {
-				argv := append([]string{"--recorder", rec, "--fail-on", "none", "--", prog}, c.args...)
+				argv := append([]string{"--recorder", rec, "--fail-on", "none", "--ignore-target-status", "--", prog}, c.args...)
 				stdout, _, stderr, code := runJSON(t, argv...)
 				if code != 0 {
 					t.Fatalf("%s: exit %d\n%s", rec, code, stderr)
@@ -170,7 +170,7 @@ func TestRecorderParity(t *testing.T) {
 // the trace is complete and every malloc is an event.
 func TestPreloadRingFull(t *testing.T) {
 	prog := testenv.Program(t, "mallocs")
-	stdout, _, stderr, code := runJSON(t, "--recorder", "preload", "--mode", "full", "--ring", "4K",
+	stdout, _, stderr, code := runJSON(t, "--recorder", "preload", "--mode", "full", "--ring", "4K", "--ignore-target-status",
 		"--fail-on", "none", "--", prog)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
@@ -246,7 +246,7 @@ func TestPreloadJemalloc(t *testing.T) {
 	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 	testenv.File(t, je, "apt-get install -y libjemalloc2")
 	trace := filepath.Join(t.TempDir(), "je.htr")
-	cmd := exec.Command(hooktraceBin, "run", "--recorder", "preload", "--mode", "full", "-o", trace, "--", testenv.Program(t, "mallocs"))
+	cmd := exec.Command(hooktraceBin, "run", "--recorder", "preload", "--mode", "full", "--ignore-target-status", "-o", trace, "--", testenv.Program(t, "mallocs"))
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		var ee *exec.ExitError
@@ -277,8 +277,9 @@ func TestPreloadJemalloc(t *testing.T) {
 func TestPreloadSIGKILL(t *testing.T) {
 	prog := testenv.Program(t, "killself")
 	stdout, _, stderr, code := runJSON(t, "--recorder", "preload", "--fail-on", "none", "--", prog)
-	if code != 0 {
-		t.Fatalf("exit %d\n%s", code, stderr)
+	// The target's own death is run's status: 128+SIGKILL.
+	if code != 137 {
+		t.Fatalf("exit %d, want 137\n%s", code, stderr)
 	}
 	fs := ofKind(findings(t, stdout), "lock-order-cycle", "error")
 	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"kill_a (killself)", "kill_b (killself)"}) {
