@@ -214,7 +214,19 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
 		return fmt.Errorf("adding pid %d to the filter: %w", pid, err)
 	}
-	return t.place(pid, exe)
+	if err := t.place(pid, exe); err != nil {
+		return err
+	}
+	if exe != "" {
+		// The probes are in place: trace from the exec on. Run turns
+		// tracing on too, but from its own goroutine: a gate opened
+		// before it got there left the target GATED (sched_exec acts
+		// only while tracing is on), and every tracepoint ignored it.
+		if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
+			return fmt.Errorf("turning tracing on: %w", err)
+		}
+	}
+	return nil
 }
 
 // Exec places the probes pid's new image needs, called while pid is held
