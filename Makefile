@@ -14,21 +14,29 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/hooktrace ./cmd/hooktrace
 
 generate:
-	$(GO) generate ./tracer
+	$(GO) generate ./tracer ./bench
 
 # The committed objects must be what the committed C produces.
 check-generated: generate
-	git diff --exit-code -- tracer/hooktrace_bpfel.go tracer/hooktrace_bpfel.o
+	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o bench/floor_x86_bpfel.go bench/floor_x86_bpfel.o
+
+# staticcheck, pinned; go run fetches it through the module proxy once.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	# Tracing is x86-64 Linux; reading traces works everywhere.
+	GOOS=darwin $(GO) build -o /dev/null ./cmd/hooktrace
 	GOOS=darwin $(GO) build ./events ./analyzer ./reports
+	GOARCH=arm64 $(GO) build ./...
 
-# The test command (README, .ci/run): eBPF tests need root; with CI set they
-# fail instead of skipping when eBPF is unavailable.
+# The test command (README, .ci/run): every test, under the race detector
+# (the tracer's reader, gate and status line share state). eBPF tests need
+# root; with CI set they fail instead of skipping when eBPF is unavailable.
 test: lint
-	$(GO) test -count=1 ./...
+	$(GO) test -race -count=1 ./...
 
 # Overhead of tracing a malloc + mutex workload: untraced, hooktrace, and the
 # counting-only floors, round-robin; prints a Markdown table. Needs root.

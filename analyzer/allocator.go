@@ -15,6 +15,9 @@ type hookContext struct {
 	// Hook dependencies whose stacks did not decide the arena question:
 	// a memory syscall later in the same allocator call may.
 	pending []pendingHold
+	// Locks hooks took in this call whose hooked syscall is not known yet:
+	// the next memory syscall of the call is the one the hook wraps.
+	takes []*hookTake
 }
 
 type pendingHold struct {
@@ -29,6 +32,7 @@ func (h *hookContext) reset() {
 	h.hold = holdNone
 	h.holdReason = ""
 	h.pending = h.pending[:0]
+	h.takes = h.takes[:0]
 }
 
 // enclosingAllocOp is the allocator call an in-allocator event runs in.
@@ -78,6 +82,9 @@ func (a *Analyzer) allocatorCall(t *thread, e *events.Event, inAlloc bool) {
 	}
 	t.allocOp = e.Op
 	t.allocStack = e.Stack
+	if len(t.held) > 0 {
+		a.underLock(t, e)
+	}
 	if len(t.held) == 0 || !t.stream.arenaEnabled {
 		return
 	}
@@ -158,6 +165,7 @@ func (a *Analyzer) hookAcquire(t *thread, q acquisition) {
 	if hold == holdMaybe {
 		t.hook.pending = append(t.hook.pending, pendingHold{edge: ed, dt: dt, s: sg})
 	}
+	a.hookTook(t, q, sg)
 }
 
 // memSyscall handles madvise, munmap and the rest: munmap ends the locks it
@@ -166,6 +174,17 @@ func (a *Analyzer) hookAcquire(t *thread, q acquisition) {
 func (a *Analyzer) memSyscall(t *thread, e *events.Event, inAlloc bool) {
 	if e.Op == events.OpMunmap {
 		t.proc.endRange(e.Addr, e.Size)
+	}
+	if inAlloc {
+		c := t.proc.hookContext()
+		t.passedUnder(c, e.Op)
+		for _, h := range t.hook.takes {
+			if h.via == "" {
+				h.via = e.Op.String()
+			}
+		}
+		t.hook.takes = t.hook.takes[:0]
+		a.sawSyscall(c, t.enclosingAllocOp(e), e.Op)
 	}
 	if !inAlloc || !t.stream.arenaEnabled {
 		return
@@ -275,6 +294,9 @@ type reentrySighting struct {
 }
 
 func (a *Analyzer) reentry(t *thread, e *events.Event) {
+	if selfCall(t.stream.stack(e.Stack)) {
+		return
+	}
 	outer := t.enclosingAllocOp(e)
 	key := reentryKey{t.stream.index, outer, e.Op, e.Stack}
 	if r := a.reentries[key]; r != nil {

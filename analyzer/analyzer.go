@@ -24,7 +24,18 @@ type Analyzer struct {
 	streams []*stream
 	cur     *stream
 
-	instances []*instance
+	instances []*instance // by id; nil where an instance was folded
+	nextSeq   int64
+	freeIDs   []int32
+	// Dead instances by signature, each standing for its folded twins,
+	// and the dead ones to fold once no thread holds them (fold.go).
+	twins        map[string][]*instance
+	deferred     []*instance
+	deferredKept int
+	goneEdges    int  // folded dependencies still in edgeList
+	noFold       bool // keep every instance (tests compare with folding)
+	sigBuf       []byte
+	sigDeps      []sigDep
 
 	// Dependencies between lock instances, keyed by edgeKey(from, to).
 	edges    map[uint64]*edge
@@ -37,6 +48,15 @@ type Analyzer struct {
 	reentryList []*reentrySighting
 	nestings    map[int]*nestSighting
 	nestList    []*nestSighting
+
+	// Locks held around an allocator call that can run a hook taking them.
+	hookSelfs    map[hookSelfKey]bool
+	hookSelfList []*hookLink
+
+	// The trace's own contradictions.
+	checks    TraceChecks
+	incons    map[incKey]*inconsistency
+	inconList []*inconsistency
 }
 
 // New returns an Analyzer with no streams yet.
@@ -45,6 +65,7 @@ func New(opts Options) *Analyzer {
 		opts:      opts,
 		ruleIndex: map[Rule]int{},
 		edges:     map[uint64]*edge{},
+		twins:     map[string][]*instance{},
 		selfLocks: map[selfKey]*selfSighting{},
 		reentries: map[reentryKey]*reentrySighting{},
 		nestings:  map[int]*nestSighting{},
@@ -73,6 +94,7 @@ func (a *Analyzer) newStream(source string) {
 		a.cur.finish()
 	}
 	a.cur = newStream(len(a.streams), source)
+	a.cur.an = a
 	a.streams = append(a.streams, a.cur)
 }
 
@@ -168,12 +190,19 @@ func (a *Analyzer) event(e *events.Event) {
 		}
 	}
 	t := s.thread(e.PID, e.TID)
+	if t.outlived != nil && e.Op != events.OpThreadExit {
+		// (A thread killed while it waits forever still exits.)
+		a.checkOutlived(t, e)
+	}
 
 	inAlloc := e.Flags&events.FlagInAlloc != 0 || t.probesInAlloc > 0
 	if !inAlloc && t.hook.active && !op.IsUnlock() {
 		// The allocator call the hooks ran in is over. (Unlocks do not
 		// decide: a tracer may not mark them.)
 		t.hook.reset()
+	}
+	if !inAlloc && len(t.allocUnder) > 0 && !op.IsUnlock() {
+		t.allocUnder, t.retook = t.allocUnder[:0], t.retook[:0]
 	}
 	if e.Flags&events.FlagInAlloc != 0 {
 		// Another allocator call, even with no event outside between.
@@ -191,24 +220,32 @@ func (a *Analyzer) event(e *events.Event) {
 	case op.IsLockAcquire():
 		a.acquire(t, e, inAlloc)
 	case op.IsUnlock():
-		t.release(e.Addr, false)
+		if !t.release(e.Addr, false) {
+			a.unheldUnlock(t, e, e.Addr)
+		}
 	case op.IsMemSyscall():
 		a.memSyscall(t, e, inAlloc)
 	default:
 		a.otherEvent(t, e, inAlloc)
 	}
+	t.note(e)
 }
 
 func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 	switch e.Op {
-	case events.OpMutexInit:
-		t.proc.initLock(a, e.Addr, t.stream.stack(e.Stack))
-	case events.OpMutexDestroy:
+	case events.OpMutexInit, events.OpRwlockInit, events.OpSpinInit:
+		inst := t.proc.initLock(a, e.Addr, lockTypeOf(e.Op), t.stream.stack(e.Stack))
+		if e.Op == events.OpRwlockInit {
+			inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive
+		}
+	case events.OpMutexDestroy, events.OpRwlockDestroy, events.OpSpinDestroy:
 		t.proc.end(e.Addr)
 	case events.OpCondWait, events.OpCondTimedwait:
 		if e.Flags&events.FlagReturn == 0 {
 			// Waiting releases the mutex completely.
-			t.release(e.Addr2, true)
+			if !t.release(e.Addr2, true) {
+				a.unheldUnlock(t, e, e.Addr2)
+			}
 		} else {
 			// It is taken back whatever the result (a timeout too).
 			a.condRetake(t, e, inAlloc)
@@ -232,11 +269,14 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 // more records may be added and Result called again.
 func (a *Analyzer) Result() *Result {
 	res := &Result{Version: events.Version, Findings: []Finding{}}
+	a.compactEdges()
 	names := a.nameInstances()
 	cycles := a.cycleFindings(names)
 	res.Findings = append(res.Findings, cycles.findings...)
 	res.Findings = append(res.Findings, a.selfFindings(names)...)
-	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges)...)
+	res.Findings = append(res.Findings, a.hookSelfFindings(names)...)
+	res.Findings = append(res.Findings, a.inconsistencyFindings(names)...)
+	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges, a.hookClosed(cycles.edgeFindings))...)
 	res.Findings = append(res.Findings, a.reentryFindings()...)
 	res.Findings = append(res.Findings, a.nestingFindings()...)
 	for _, st := range a.streams {

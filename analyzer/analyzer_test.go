@@ -9,27 +9,28 @@ import (
 	"testing"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 )
 
 // scenarioMix is several findings at once: an inversion between heap
 // locks, the Open MPI hook deadlock, a self-deadlock, re-entry and a
 // forbidden nesting.
-func scenarioMix(b *trace) {
-	b.op(1, events.OpMutexInit, heapP, 0, "pthread_mutex_init"+libc, "pool_create@libpool.so")
-	b.lock(1, heapP, "pthread_mutex_lock"+libc, "pool_get@libpool.so")
-	b.lock(1, heapQ, "pthread_mutex_lock"+libc, "cache_fill@libpool.so")
-	b.unlock(1, heapQ).unlock(1, heapP)
-	b.lock(2, heapQ, "pthread_mutex_lock"+libc, "cache_evict@libpool.so")
-	b.lock(2, heapP, "pthread_mutex_lock"+libc, "pool_put@libpool.so")
-	b.unlock(2, heapP).unlock(2, heapQ)
+func scenarioMix(b *tracebuild.Trace) {
+	b.Op(1, events.OpMutexInit, heapP, 0, "pthread_mutex_init"+libc, "pool_create@libpool.so")
+	b.Lock(1, heapP, "pthread_mutex_lock"+libc, "pool_get@libpool.so")
+	b.Lock(1, heapQ, "pthread_mutex_lock"+libc, "cache_fill@libpool.so")
+	b.Unlock(1, heapQ).Unlock(1, heapP)
+	b.Lock(2, heapQ, "pthread_mutex_lock"+libc, "cache_evict@libpool.so")
+	b.Lock(2, heapP, "pthread_mutex_lock"+libc, "pool_put@libpool.so")
+	b.Unlock(2, heapP).Unlock(2, heapQ)
 	openMPIThreadA(b, 3)
 	openMPIThreadB(b, 4, shrinkHeapHookStack...)
-	b.lock(5, lockM, "pthread_mutex_lock"+libc, "enqueue")
-	b.lock(5, lockM, "pthread_mutex_lock"+libc, "enqueue_again")
-	b.alloc(6, events.OpFree, 0x7f2000000010, 0x1000, "free"+libc, "drop")
-	b.inAlloc(6, events.OpMalloc, 0, events.OpFree, "malloc"+libc, "hook_log"+rcache, "_intercept_munmap"+rcache, "munmap_chunk"+libc, "free"+libc)
-	b.probe(7, events.OpProbeEnter, 0, "progress", "wait_all")
-	b.probe(7, events.OpProbeEnter, 1, "user_callback", "dispatch", "progress", "wait_all")
+	b.Lock(5, lockM, "pthread_mutex_lock"+libc, "enqueue")
+	b.Lock(5, lockM, "pthread_mutex_lock"+libc, "enqueue_again")
+	b.Alloc(6, events.OpFree, 0x7f2000000010, 0x1000, "free"+libc, "drop")
+	b.InAlloc(6, events.OpMalloc, 0, events.OpFree, "malloc"+libc, "hook_log"+rcache, "_intercept_munmap"+rcache, "munmap_chunk"+libc, "free"+libc)
+	b.Probe(7, events.OpProbeEnter, 0, "progress", "wait_all")
+	b.Probe(7, events.OpProbeEnter, 1, "user_callback", "dispatch", "progress", "wait_all")
 }
 
 func mixHeader() *events.Header {
@@ -47,11 +48,11 @@ func findingIDs(res *Result) []string {
 
 func TestIDStability(t *testing.T) {
 	build := func(pid, tidBase uint32, addrBase, frameBase uint64) *Result {
-		b := newTrace(pid, mixHeader())
-		b.tidBase, b.addrBase, b.frameBase = tidBase, addrBase, frameBase
+		b := tracebuild.New(pid, mixHeader())
+		b.TIDBase, b.AddrBase, b.FrameBase = tidBase, addrBase, frameBase
 		named(b)
 		scenarioMix(b)
-		b.footer(nil)
+		b.Footer(nil)
 		return analyze(Options{}, b)
 	}
 	one := build(100, 0, 0, 0)
@@ -80,9 +81,9 @@ func TestIDStability(t *testing.T) {
 func TestDeterministicJSON(t *testing.T) {
 	var outs []string
 	for i := 0; i < 3; i++ {
-		b := named(newTrace(100, mixHeader()))
+		b := named(tracebuild.New(100, mixHeader()))
 		scenarioMix(b)
-		b.footer(nil)
+		b.Footer(nil)
 		js, err := json.Marshal(analyze(Options{}, b))
 		if err != nil {
 			t.Fatal(err)
@@ -99,15 +100,15 @@ func TestDeterministicJSON(t *testing.T) {
 func TestMergeStreams(t *testing.T) {
 	// Two ranks run the same code; their stack IDs, PIDs and TIDs are the
 	// same numbers but mean different things.
-	rank := func(fnPrefix string) *trace {
-		b := named(newTrace(100, nil))
+	rank := func(fnPrefix string) *tracebuild.Trace {
+		b := named(tracebuild.New(100, nil))
 		lk(b, 1, lockA, fnPrefix+"_a_first")
 		lk(b, 1, lockB, fnPrefix+"_b_under_a")
-		b.unlock(1, lockB).unlock(1, lockA)
+		b.Unlock(1, lockB).Unlock(1, lockA)
 		lk(b, 2, lockB, fnPrefix+"_b_first")
 		lk(b, 2, lockA, fnPrefix+"_a_under_b")
-		b.unlock(2, lockA).unlock(2, lockB)
-		return b.footer(nil)
+		b.Unlock(2, lockA).Unlock(2, lockB)
+		return b.Footer(nil)
 	}
 	res := analyze(Options{}, rank("rank0"), rank("rank1"))
 	cycles := ofKind(res, KindLockOrderCycle)
@@ -128,21 +129,21 @@ func TestMergeStreams(t *testing.T) {
 func TestStreamsDoNotCollide(t *testing.T) {
 	// A → B in one trace and B → A in another are different processes:
 	// no cycle. Stack ID 1 means different stacks in each.
-	one := named(newTrace(100, nil))
+	one := named(tracebuild.New(100, nil))
 	lk(one, 1, lockA, "one_a")
 	lk(one, 1, lockB, "one_b")
-	one.footer(nil)
-	two := named(newTrace(100, nil))
+	one.Footer(nil)
+	two := named(tracebuild.New(100, nil))
 	lk(two, 1, lockB, "two_b")
 	lk(two, 1, lockA, "two_a")
-	two.footer(nil)
+	two.Footer(nil)
 	res := analyze(Options{}, one, two)
 	if len(res.Findings) != 0 {
 		t.Fatalf("findings across streams: %+v", res.Findings)
 	}
 	// Without BeginStream, a second Header starts the second stream too.
 	a := New(Options{})
-	for _, r := range append(one.records(), two.records()...) {
+	for _, r := range append(one.Records(), two.Records()...) {
 		a.Add(r)
 	}
 	if res := a.Result(); len(res.Findings) != 0 || len(res.Stats.Traces) != 2 {
@@ -151,23 +152,23 @@ func TestStreamsDoNotCollide(t *testing.T) {
 }
 
 func TestIncompleteStats(t *testing.T) {
-	complete := named(newTrace(1, nil))
+	complete := named(tracebuild.New(1, nil))
 	lk(complete, 1, lockA, "f")
-	complete.footer(nil)
+	complete.Footer(nil)
 
-	lost := named(newTrace(1, nil))
+	lost := named(tracebuild.New(1, nil))
 	lk(lost, 1, lockA, "f")
-	lost.lost(1234).footer(nil)
+	lost.Lost(1234).Footer(nil)
 
-	cut := named(newTrace(1, nil))
+	cut := named(tracebuild.New(1, nil))
 	lk(cut, 1, lockA, "f")
 
-	footerLost := named(newTrace(1, nil))
-	footerLost.footer(&events.Footer{Lost: 7})
+	footerLost := named(tracebuild.New(1, nil))
+	footerLost.Footer(&events.Footer{Lost: 7})
 
 	for _, c := range []struct {
 		name     string
-		tr       *trace
+		tr       *tracebuild.Trace
 		complete bool
 		why      string
 	}{
@@ -190,31 +191,31 @@ func TestIncompleteStats(t *testing.T) {
 }
 
 func TestCallsCounting(t *testing.T) {
-	build := func() *trace {
-		b := named(newTrace(1, nil))
-		b.alloc(1, events.OpMalloc, 0, 8, "malloc"+libc)
-		b.alloc(1, events.OpMalloc, 0, 8, "malloc"+libc)
-		b.alloc(1, events.OpFree, 0x10, 8, "free"+libc)
+	build := func() *tracebuild.Trace {
+		b := named(tracebuild.New(1, nil))
+		b.Alloc(1, events.OpMalloc, 0, 8, "malloc"+libc)
+		b.Alloc(1, events.OpMalloc, 0, 8, "malloc"+libc)
+		b.Alloc(1, events.OpFree, 0x10, 8, "free"+libc)
 		lk(b, 1, lockA, "f")
-		b.unlock(1, lockA)
-		b.tryResult(1, events.OpMutexTrylock, lockA, true)
-		b.unlock(1, lockA)
-		b.tryResult(1, events.OpMutexTrylock, lockA, false)
+		b.Unlock(1, lockA)
+		b.TryResult(1, events.OpMutexTrylock, lockA, true)
+		b.Unlock(1, lockA)
+		b.TryResult(1, events.OpMutexTrylock, lockA, false)
 		lk(b, 1, lockM, "f")
-		b.condWait(1, condV, lockM)
-		b.condReturn(1, condV, lockM)
-		b.unlock(1, lockM)
+		b.CondWait(1, condV, lockM)
+		b.CondReturn(1, condV, lockM)
+		b.Unlock(1, lockM)
 		return b
 	}
 	want := map[string]uint64{
 		"malloc": 2, "free": 1, "pthread_mutex_lock": 2, "pthread_mutex_unlock": 3,
 		"pthread_mutex_trylock": 2, "pthread_cond_wait": 1,
 	}
-	if got := analyze(Options{}, build().footer(nil)).Stats.Calls; !reflect.DeepEqual(got, want) {
+	if got := analyze(Options{}, build().Footer(nil)).Stats.Calls; !reflect.DeepEqual(got, want) {
 		t.Errorf("calls from events %v, want %v", got, want)
 	}
 	footerCalls := map[string]uint64{"malloc": 1000, "free": 990, "pthread_mutex_lock": 5}
-	res := analyze(Options{}, build().footer(&events.Footer{Calls: footerCalls}), build().footer(&events.Footer{Calls: footerCalls}))
+	res := analyze(Options{}, build().Footer(&events.Footer{Calls: footerCalls}), build().Footer(&events.Footer{Calls: footerCalls}))
 	want = map[string]uint64{"malloc": 2000, "free": 1980, "pthread_mutex_lock": 10}
 	if got := res.Stats.Calls; !reflect.DeepEqual(got, want) {
 		t.Errorf("calls from footers %v, want %v", got, want)
@@ -223,7 +224,7 @@ func TestCallsCounting(t *testing.T) {
 
 func TestExitStatus(t *testing.T) {
 	status := 3
-	b := newTrace(1, nil).footer(&events.Footer{ExitStatus: &status, Reason: "target exited"})
+	b := tracebuild.New(1, nil).Footer(&events.Footer{ExitStatus: &status, Reason: "target exited"})
 	st := analyze(Options{}, b).Stats
 	if st.ExitStatus == nil || *st.ExitStatus != 3 || st.Traces[0].Reason != "target exited" {
 		t.Errorf("exit %v reason %q", st.ExitStatus, st.Traces[0].Reason)
@@ -231,16 +232,16 @@ func TestExitStatus(t *testing.T) {
 }
 
 func TestLockNaming(t *testing.T) {
-	b := newTrace(1, nil)
-	b.op(1, events.OpMutexInit, heapP, 0, "pthread_mutex_init"+libc, "reg_init@librcache.so")
-	b.lock(1, heapP, "pthread_mutex_lock"+libc, "reg_lookup@librcache.so")
-	b.lock(1, heapQ, "pthread_mutex_lock"+libc, "worker")
-	b.lock(1, lockA, "pthread_mutex_lock"+libc, "worker")
-	b.unlock(1, lockA).unlock(1, heapQ).unlock(1, heapP)
-	b.name(lockA, "late_lock (libx.so)") // named after its first use
-	b.lock(2, lockA, "pthread_mutex_lock"+libc, "other")
-	b.lock(2, heapP, "pthread_mutex_lock"+libc, "other")
-	b.footer(nil)
+	b := tracebuild.New(1, nil)
+	b.Op(1, events.OpMutexInit, heapP, 0, "pthread_mutex_init"+libc, "reg_init@librcache.so")
+	b.Lock(1, heapP, "pthread_mutex_lock"+libc, "reg_lookup@librcache.so")
+	b.Lock(1, heapQ, "pthread_mutex_lock"+libc, "worker")
+	b.Lock(1, lockA, "pthread_mutex_lock"+libc, "worker")
+	b.Unlock(1, lockA).Unlock(1, heapQ).Unlock(1, heapP)
+	b.Name(lockA, "late_lock (libx.so)") // named after its first use
+	b.Lock(2, lockA, "pthread_mutex_lock"+libc, "other")
+	b.Lock(2, heapP, "pthread_mutex_lock"+libc, "other")
+	b.Footer(nil)
 	res := analyze(Options{}, b)
 	var locks []string
 	for _, f := range ofKind(res, KindLockOrderCycle) {
@@ -255,7 +256,7 @@ func TestLockNaming(t *testing.T) {
 		}
 	}
 	n := New(Options{})
-	for _, r := range b.records() {
+	for _, r := range b.Records() {
 		n.Add(r)
 	}
 	names := n.nameInstances()
@@ -271,20 +272,21 @@ func TestLockNaming(t *testing.T) {
 }
 
 func TestReusedAddressLabels(t *testing.T) {
-	// Two lifetimes of one address in one process, both on cycles: the
-	// labels tell them apart.
-	b := newTrace(1, nil)
+	// Two lifetimes of one address in one process, both on cycles (taken
+	// on different paths, so they are not folded twins): the labels tell
+	// them apart.
+	b := tracebuild.New(1, nil)
 	for gen := 0; gen < 2; gen++ {
-		b.op(1, events.OpMutexInit, heapP, 0, "pthread_mutex_init"+libc, "obj_new")
-		b.lock(1, heapP, "pthread_mutex_lock"+libc, "obj_update")
-		b.lock(1, heapQ, "pthread_mutex_lock"+libc, "obj_update")
-		b.unlock(1, heapQ).unlock(1, heapP)
-		b.lock(2, heapQ, "pthread_mutex_lock"+libc, "list_walk")
-		b.lock(2, heapP, "pthread_mutex_lock"+libc, "list_walk")
-		b.unlock(2, heapP).unlock(2, heapQ)
-		b.op(1, events.OpMutexDestroy, heapP, 0)
+		b.Op(1, events.OpMutexInit, heapP, 0, "pthread_mutex_init"+libc, "obj_new")
+		b.Lock(1, heapP, "pthread_mutex_lock"+libc, "obj_update")
+		b.Lock(1, heapQ, "pthread_mutex_lock"+libc, []string{"obj_update", "obj_update_again"}[gen])
+		b.Unlock(1, heapQ).Unlock(1, heapP)
+		b.Lock(2, heapQ, "pthread_mutex_lock"+libc, "list_walk")
+		b.Lock(2, heapP, "pthread_mutex_lock"+libc, "list_walk")
+		b.Unlock(2, heapP).Unlock(2, heapQ)
+		b.Op(1, events.OpMutexDestroy, heapP, 0)
 	}
-	res := analyze(Options{}, b.footer(nil))
+	res := analyze(Options{}, b.Footer(nil))
 	if len(res.Findings) != 1 || res.Findings[0].Occurrences != 2 {
 		t.Fatalf("want one finding seen twice: %+v", res.Findings)
 	}
@@ -297,19 +299,19 @@ func TestReusedAddressLabels(t *testing.T) {
 func TestDedupPerObjectInversions(t *testing.T) {
 	// A thousand objects, each with its own pair of locks taken in both
 	// orders: one finding, listing a capped number of instance sets.
-	b := newTrace(1, nil)
+	b := tracebuild.New(1, nil)
 	for i := uint64(0); i < 1000; i++ {
 		p, q := 0x7f0000000000+i*0x100, 0x7f0000000040+i*0x100
-		b.op(1, events.OpMutexInit, p, 0, "pthread_mutex_init"+libc, "conn_new")
-		b.op(1, events.OpMutexInit, q, 0, "pthread_mutex_init"+libc, "conn_new_queue")
-		b.lock(1, p, "pthread_mutex_lock"+libc, "conn_send")
-		b.lock(1, q, "pthread_mutex_lock"+libc, "conn_send")
-		b.unlock(1, q).unlock(1, p)
-		b.lock(2, q, "pthread_mutex_lock"+libc, "conn_recv")
-		b.lock(2, p, "pthread_mutex_lock"+libc, "conn_recv")
-		b.unlock(2, p).unlock(2, q)
+		b.Op(1, events.OpMutexInit, p, 0, "pthread_mutex_init"+libc, "conn_new")
+		b.Op(1, events.OpMutexInit, q, 0, "pthread_mutex_init"+libc, "conn_new_queue")
+		b.Lock(1, p, "pthread_mutex_lock"+libc, "conn_send")
+		b.Lock(1, q, "pthread_mutex_lock"+libc, "conn_send")
+		b.Unlock(1, q).Unlock(1, p)
+		b.Lock(2, q, "pthread_mutex_lock"+libc, "conn_recv")
+		b.Lock(2, p, "pthread_mutex_lock"+libc, "conn_recv")
+		b.Unlock(2, p).Unlock(2, q)
 	}
-	res := analyze(Options{}, b.footer(nil))
+	res := analyze(Options{}, b.Footer(nil))
 	if len(res.Findings) != 1 {
 		t.Fatalf("%d findings", len(res.Findings))
 	}
@@ -320,13 +322,13 @@ func TestDedupPerObjectInversions(t *testing.T) {
 }
 
 func TestExecEndsLocks(t *testing.T) {
-	b := named(newTrace(1, nil))
+	b := named(tracebuild.New(1, nil))
 	lk(b, 1, lockA, "f")
 	lk(b, 1, lockB, "f")
-	b.op(1, events.OpExec, 0, 0)
+	b.Op(1, events.OpExec, 0, 0)
 	lk(b, 1, lockB, "g")
 	lk(b, 1, lockA, "g")
-	if res := analyze(Options{}, b.footer(nil)); len(res.Findings) != 0 {
+	if res := analyze(Options{}, b.Footer(nil)); len(res.Findings) != 0 {
 		t.Fatalf("locks of the old image joined the new one: %+v", res.Findings)
 	}
 }
@@ -405,7 +407,7 @@ func TestParseRule(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
-	b := newTrace(1, &events.Header{Forbid: []string{"nonsense"}}).footer(nil)
+	b := tracebuild.New(1, &events.Header{Forbid: []string{"nonsense"}}).Footer(nil)
 	if st := analyze(Options{}, b).Stats; len(st.Warnings) != 1 {
 		t.Errorf("warnings %v", st.Warnings)
 	}
@@ -469,15 +471,15 @@ func TestMemoryBoundedByLocks(t *testing.T) {
 }
 
 func TestForkKeepsLockNames(t *testing.T) {
-	b := named(newTrace(100, nil))
-	b.event(events.Event{TID: 100, Op: events.OpThreadCreate, Flags: events.FlagProcess, Arg: 200})
-	b.pid = 200
+	b := named(tracebuild.New(100, nil))
+	b.Event(events.Event{TID: 100, Op: events.OpThreadCreate, Flags: events.FlagProcess, Arg: 200})
+	b.PID = 200
 	lk(b, 200, lockA, "child")
 	lk(b, 200, lockB, "child")
-	b.unlock(200, lockB).unlock(200, lockA)
+	b.Unlock(200, lockB).Unlock(200, lockA)
 	lk(b, 201, lockB, "child")
 	lk(b, 201, lockA, "child")
-	res := analyze(Options{}, b.footer(nil))
+	res := analyze(Options{}, b.Footer(nil))
 	if len(res.Findings) != 1 || !contains(res.Findings[0].Locks, "lock_a (libx.so)") {
 		t.Fatalf("findings %+v", res.Findings)
 	}

@@ -22,6 +22,16 @@ type instance struct {
 	initStack  *events.Stack // pthread_mutex_init's stack, if seen
 	firstStack *events.Stack // the first acquisition's stack
 	used       bool          // taken at least once
+
+	// Lifetime and folding (fold.go). id is a slot, reused once the
+	// instance is folded; seq orders instances by creation.
+	seq     int64
+	weight  uint64  // instances this one stands for: itself and its folded twins
+	in, out []*edge // its dependencies
+	dead    bool    // its lifetime ended
+	folded  bool    // merged into a twin, or dropped
+	pinned  bool    // a finding refers to it by id: never folded
+	sig     string  // its cluster's signature, while it represents its twins
 }
 
 // class groups instances for naming and deduplication: a static lock's
@@ -47,7 +57,7 @@ func (a *Analyzer) nameInstances() *naming {
 		label: make([]string, len(a.instances)),
 		keyed: map[string]*class{},
 	}
-	for _, inst := range a.instances {
+	for _, inst := range a.liveInstances() {
 		if !inst.used {
 			continue
 		}
@@ -69,23 +79,38 @@ func (a *Analyzer) nameInstances() *naming {
 	}
 	for _, c := range n.order {
 		perProc := map[procKey][]*instance{}
+		total := map[procKey]uint64{}
 		for _, inst := range c.instances {
 			k := procKey{inst.stream.index, inst.pid}
 			perProc[k] = append(perProc[k], inst)
+			total[k] += inst.weight
 		}
 		for _, inst := range c.instances {
 			n.label[inst.id] = c.name
 		}
-		for _, insts := range perProc {
-			if len(insts) < 2 {
+		for k, insts := range perProc {
+			if total[k] < 2 {
 				continue
 			}
-			for i, inst := range insts {
-				n.label[inst.id] = c.name + " #" + strconv.Itoa(i+1)
+			// A folded instance's twins were created after it: the
+			// numbers go on past them.
+			num := uint64(1)
+			for _, inst := range insts {
+				n.label[inst.id] = c.name + " #" + strconv.FormatUint(num, 10)
+				num += inst.weight
 			}
 		}
 	}
 	return n
+}
+
+// weight is how many instances the class had, folded ones included.
+func (c *class) weight() int {
+	n := uint64(0)
+	for _, inst := range c.instances {
+		n += inst.weight
+	}
+	return int(n)
 }
 
 func classOf(inst *instance) (name, key string) {

@@ -23,6 +23,8 @@ type cycleGroup struct {
 	count     uint64
 	sets      [][]string
 	cycles    [][]cycleStep
+	comps     map[int32]bool // the strongly connected components of the cycles
+	omitted   uint64         // dependencies of those components on no reported cycle
 }
 
 // cycleFindings turns instance cycles into findings, one per class cycle.
@@ -30,7 +32,8 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 	res := cycleResult{arenaEdges: map[*edge]bool{}}
 	groups := map[string]*cycleGroup{}
 	var order []*cycleGroup
-	for _, cyc := range a.findCycles() {
+	search := a.findCycles(n)
+	for ci, cyc := range search.cycles {
 		keys := make([]string, len(cyc))
 		for i, st := range cyc {
 			keys[i] = n.key(st.edge.from)
@@ -40,17 +43,21 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		}
 		canon := canonicalRotation(keys)
 		gk := strings.Join(canon, "\x00")
-		sev := cycleSeverity(cyc)
+		sev := guardedSeverity(cyc)
 		g := groups[gk]
 		if g == nil {
-			g = &cycleGroup{classKeys: canon, rep: cyc, sev: sev}
+			g = &cycleGroup{classKeys: canon, rep: cyc, sev: sev, comps: map[int32]bool{}}
 			groups[gk] = g
 			order = append(order, g)
 		} else if sev.Rank() > g.sev.Rank() {
 			g.rep, g.sev = cyc, sev
 		}
-		g.count++
+		g.count += cycleWeight(cyc)
 		g.cycles = append(g.cycles, cyc)
+		if c := search.comp[ci]; !g.comps[c] {
+			g.comps[c] = true
+			g.omitted += search.omitted[c]
+		}
 		if len(g.sets) < maxInstanceSets {
 			set := make([]string, len(cyc))
 			for i, st := range cyc {
@@ -73,6 +80,16 @@ func (a *Analyzer) cycleFindings(n *naming) cycleResult {
 		}
 	}
 	return res
+}
+
+// cycleWeight is how many instance cycles cyc stands for: as many as the
+// most folded of its dependencies (see fold.go).
+func cycleWeight(cyc []cycleStep) uint64 {
+	w := uint64(1)
+	for _, st := range cyc {
+		w = max(w, st.edge.weight)
+	}
+	return w
 }
 
 // canonicalRotation rotates a cycle of class keys to its least rotation,
@@ -113,10 +130,11 @@ func cycleSeverity(cyc []cycleStep) Severity {
 func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	cyc := g.rep
 	labels := make([]string, len(cyc))
-	hasArena, hasRead, hasTimed := false, false, false
+	hasArena, hasRead, hasTimed, hasHook := false, false, false, false
 	for i, st := range cyc {
 		labels[i] = n.of(st.edge.from)
 		s := st.edge.seen[st.dt]
+		hasHook = hasHook || s.link != nil
 		hasArena = hasArena || st.edge.from.typ == typeArena
 		hasRead = hasRead || s.read || s.heldRead
 		hasTimed = hasTimed || s.timed
@@ -132,6 +150,8 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	switch {
 	case hasArena:
 		f.Title = "possible deadlock through the allocator: " + path
+	case hasHook:
+		f.Title = "possible deadlock through a memory hook: " + path
 	case len(cyc) == 2:
 		f.Title = "lock order inversion: " + path
 	default:
@@ -152,6 +172,8 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	var d []string
 	if hasArena {
 		d = append(d, arenaCycleStory(n, cyc))
+	} else if hasHook {
+		d = append(d, hookCycleStory(n, cyc))
 	} else {
 		d = append(d, "Each lock on the cycle was taken while the previous one was held. Threads running these paths at the same time can each hold one lock and wait for the next: a deadlock, even if this run did not hang.")
 	}
@@ -167,7 +189,14 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 	if g.count > 1 {
 		d = append(d, "Seen on "+itoa(g.count)+" sets of lock instances of the same classes.")
 	}
+	if g.omitted > 0 {
+		f.Unreported = g.omitted
+		d = append(d, "These locks are part of a strongly connected group of dependencies too large to search whole: "+
+			itoa(g.omitted)+" more dependencies in it lie on cycles not reported (after "+
+			itoa(maxComponentCycles)+" cycles per group the search only looks for pairs of lock classes no reported cycle joins). Fixing the reported cycles splits the group; analyze again to see the rest.")
+	}
 	f.Detail = strings.Join(d, " ")
+	describeGate(n, &f, cyc)
 	return f
 }
 
@@ -230,6 +259,8 @@ func wantAction(n *naming, st cycleStep) string {
 	s := st.edge.seen[st.dt]
 	to := n.of(st.edge.to)
 	switch {
+	case s.link != nil:
+		return s.allocOp.String() + "() runs the " + hookName(s.link.take.via) + ": " + lockVerb(s.op, s.read) + "(" + to + ")"
 	case st.edge.to.typ == typeArena:
 		return s.op.String() + "(): lock(" + to + ")"
 	case st.edge.from.typ == typeArena:
@@ -282,6 +313,8 @@ func edgeOut(n *naming, ed *edge, s *sighting) Edge {
 func edgeContext(n *naming, ed *edge, s *sighting) string {
 	from, to := n.of(ed.from), n.of(ed.to)
 	switch {
+	case s.link != nil:
+		return hookEdgeContext(n, ed, s)
 	case ed.to.typ == typeArena:
 		return s.op.String() + " called while holding " + from + " (taken by " + s.heldOp.String() +
 			"); glibc takes its arena lock inside " + s.op.String()

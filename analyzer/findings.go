@@ -3,11 +3,11 @@ package analyzer
 // hookLockFindings reports locks taken by hooks inside allocator calls
 // that are on no reported cycle (informational: the dangerous half of the
 // memory-hook deadlock, or a path that cannot deadlock with the arena).
-func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool) []Finding {
+func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed map[*instance]bool) []Finding {
 	var out []Finding
 	index := map[string]int{}
 	for _, ed := range a.edgeList {
-		if ed.from.typ != typeArena || onCycle[ed] {
+		if ed.from.typ != typeArena || onCycle[ed] || closed[ed.to] {
 			continue
 		}
 		for dt := depType(0); dt < depTypes; dt++ {
@@ -19,7 +19,7 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool) []Finding
 			id := findingID(KindHookLock, n.key(ed.to), s.hold.String(), s.allocOp.String(), s.via,
 				stableSite(callerFrame(s.stack)))
 			if i, ok := index[id]; ok {
-				out[i].Occurrences++
+				out[i].Occurrences += ed.weight
 				out[i].Instances = appendSet(out[i].Instances, lock)
 				continue
 			}
@@ -32,7 +32,7 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool) []Finding
 				Locks:       []string{lock},
 				Edges:       []Edge{edgeOut(n, ed, s)},
 				Threads:     []uint32{s.tid},
-				Occurrences: 1,
+				Occurrences: ed.weight,
 				Instances:   [][]string{{lock}},
 			}
 			hook := "A hook"
@@ -41,11 +41,13 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool) []Finding
 			}
 			f.Detail = hook + " running inside " + s.allocOp.String() + " takes " + lock + ". " + s.holdReason + ". "
 			if s.hold == holdNotHeld {
-				f.Detail += "This path alone cannot deadlock against the allocator."
+				f.Detail += "This path alone cannot deadlock against the allocator. "
 			} else {
 				f.Detail += "No thread was seen calling the allocator while holding " + lock +
-					"; any that does can deadlock with this hook."
+					"; any that does can deadlock with this hook. "
 			}
+			f.Detail += "Any allocator call that can run this hook orders the locks its thread holds before " + lock +
+				"; none of those orders closes a cycle here."
 			out = append(out, f)
 		}
 	}

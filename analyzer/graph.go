@@ -59,6 +59,10 @@ type sighting struct {
 	hook       string    // the function that called the lock
 	hold       arenaHold
 	holdReason string
+
+	// A dependency through a memory hook: the allocator call made under
+	// the held lock can run a hook seen taking the next one.
+	link *hookLink
 }
 
 // edge is a dependency between two lock instances, with one sighting per
@@ -66,6 +70,12 @@ type sighting struct {
 type edge struct {
 	from, to *instance
 	seen     [depTypes]*sighting
+	// Goodlock's gate candidates: the locks held exclusively at every
+	// sighting, besides from and to (guardSeen once there was one).
+	guards    []*instance
+	guardSeen bool
+	weight   uint64 // instance dependencies it stands for (fold.go)
+	gone     bool   // its instance was folded into a twin
 	// Allocator → lock dependencies: how many sightings had each hold
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).
@@ -80,21 +90,25 @@ func (a *Analyzer) edgeFor(from, to *instance) *edge {
 	key := edgeKey(from, to)
 	ed := a.edges[key]
 	if ed == nil {
-		ed = &edge{from: from, to: to}
+		ed = &edge{from: from, to: to, weight: 1}
 		a.edges[key] = ed
 		a.edgeList = append(a.edgeList, ed)
+		from.out = append(from.out, ed)
+		to.in = append(to.in, ed)
 	}
 	return ed
 }
 
 // lockEdge records h → q.inst. Only the first sighting of each type keeps
-// stacks, unless it was a timed wait and a blocking one comes along.
+// stacks, unless it was a timed wait or a dependency through a hook and a
+// direct blocking one comes along.
 func (a *Analyzer) lockEdge(t *thread, h *heldLock, to *instance, q acquisition, dt depType) {
 	if h.read {
 		dt |= depHeldShared
 	}
 	ed := a.edgeFor(h.inst, to)
-	if old := ed.seen[dt]; old != nil && (!old.timed || q.timed) {
+	t.guard(ed)
+	if old := ed.seen[dt]; old != nil && (q.timed || (!old.timed && old.link == nil)) {
 		return
 	}
 	s := t.stream
@@ -135,11 +149,35 @@ type stateEdge struct {
 	step cycleStep
 }
 
+// maxComponentCycles caps the cycles searched for in one strongly
+// connected component. Each costs a breadth-first search bounded by the
+// component; a component of 100,000 locks taken in random pairs holds
+// hundreds of thousands of dependencies, each on some cycle, and a search
+// per dependency grows with the square of the graph. The dependencies
+// left out are counted (cycleSearch.omitted) and said in the findings.
+const maxComponentCycles = 1000
+
+// cycleSearch is what findCycles found.
+type cycleSearch struct {
+	cycles [][]cycleStep
+	comp   []int32 // the strongly connected component of each cycle
+	// omitted counts, per component, the dependencies on some cycle of
+	// the component that no reported cycle goes through (the search
+	// stopped at maxComponentCycles).
+	omitted map[int32]uint64
+}
+
 // findCycles returns, for every dependency on some deadlock-capable cycle,
-// a shortest such cycle through it, each distinct cycle once. Cost: Tarjan
-// is linear; each BFS is bounded by its component and runs only for
-// dependencies no earlier cycle covered.
-func (a *Analyzer) findCycles() [][]cycleStep {
+// a shortest such cycle through it, each distinct cycle once, up to
+// maxComponentCycles per component. Past that, with n given, it still
+// searches through dependencies between two classes that no reported
+// cycle joins yet (up to maxComponentCycles more), so a capped component
+// hides no class-level dependency on a cycle unless it has more such
+// pairs than that. Cost: Tarjan is linear; each BFS is bounded by its
+// component and runs only for dependencies no earlier cycle covered, at
+// most 2 × maxComponentCycles times a component.
+func (a *Analyzer) findCycles(n *naming) cycleSearch {
+	var res cycleSearch
 	// Compact the instances that have dependencies.
 	index := map[int32]int32{}
 	var nodes []*instance
@@ -165,7 +203,7 @@ func (a *Analyzer) findCycles() [][]cycleStep {
 		}
 	}
 	if len(deps) == 0 {
-		return nil
+		return res
 	}
 	// State 2n+r: lock n, entered as a recursive read when r is 1. A lock
 	// entered as a recursive read cannot be left by a dependency that holds
@@ -190,33 +228,81 @@ func (a *Analyzer) findCycles() [][]cycleStep {
 	for u := range adj {
 		covered[u] = make([]bool, len(adj[u]))
 	}
+	found := map[int32]int{}
+	type classPair struct{ from, to string }
+	pairOf := func(ed *edge) classPair { return classPair{n.key(ed.from), n.key(ed.to)} }
+	joined := map[classPair]bool{} // class pairs on reported cycles
 	seenCycle := map[string]bool{}
 	bfs := newBFS(len(adj))
-	var cycles [][]cycleStep
+	capped := false
 	for u := range adj {
 		for k, se := range adj[u] {
-			if covered[u][k] || comp[u] != comp[se.to] {
+			c := comp[u]
+			if covered[u][k] || c != comp[se.to] {
+				continue
+			}
+			if found[c] >= maxComponentCycles &&
+				(n == nil || found[c] >= 2*maxComponentCycles || joined[pairOf(se.step.edge)]) {
+				capped = true
 				continue
 			}
 			path := bfs.path(adj, comp, se.to, int32(u))
 			if path == nil {
 				continue
 			}
+			found[c]++
 			covered[u][k] = true
 			steps := []cycleStep{se.step}
 			for _, p := range path {
 				covered[p.from][p.k] = true
 				steps = append(steps, adj[p.from][p.k].step)
 			}
+			if n != nil {
+				for _, st := range steps {
+					joined[pairOf(st.edge)] = true
+				}
+			}
 			steps = rotateCycle(steps)
 			key := cycleKey(steps)
 			if !seenCycle[key] {
 				seenCycle[key] = true
-				cycles = append(cycles, steps)
+				res.cycles = append(res.cycles, steps)
+				res.comp = append(res.comp, c)
 			}
 		}
 	}
-	return cycles
+	if capped {
+		res.omitted = omittedSteps(adj, comp, res.cycles, found)
+	}
+	return res
+}
+
+// omittedSteps counts, per capped component, the dependencies inside it
+// that no reported cycle goes through. Inside a strongly connected
+// component every dependency is on some cycle.
+func omittedSteps(adj [][]stateEdge, comp []int32, cycles [][]cycleStep, found map[int32]int) map[int32]uint64 {
+	onCycle := map[cycleStep]bool{}
+	for _, cyc := range cycles {
+		for _, st := range cyc {
+			onCycle[st] = true
+		}
+	}
+	counted := map[cycleStep]bool{}
+	out := map[int32]uint64{}
+	for u := range adj {
+		c := comp[u]
+		if found[c] < maxComponentCycles {
+			continue
+		}
+		for _, se := range adj[u] {
+			if comp[se.to] != c || onCycle[se.step] || counted[se.step] {
+				continue
+			}
+			counted[se.step] = true
+			out[c]++
+		}
+	}
+	return out
 }
 
 // rotateCycle starts a cycle at its oldest lock, so the same cycle found
@@ -224,7 +310,7 @@ func (a *Analyzer) findCycles() [][]cycleStep {
 func rotateCycle(steps []cycleStep) []cycleStep {
 	best := 0
 	for i, s := range steps {
-		if s.edge.from.id < steps[best].edge.from.id {
+		if s.edge.from.seq < steps[best].edge.from.seq {
 			best = i
 		}
 	}

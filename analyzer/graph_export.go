@@ -44,6 +44,10 @@ type GraphEdge struct {
 	// every one was a timed wait.
 	Read  bool `json:"read,omitempty"`
 	Timed bool `json:"timed,omitempty"`
+	// Hook, on a dependency seen only through a memory hook (an allocator
+	// call made under From can run a hook that takes To), names the hook:
+	// "munmap hook".
+	Hook string `json:"hook,omitempty"`
 }
 
 // graph builds the class-level lock graph; onCycle maps dependencies to
@@ -57,7 +61,7 @@ func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string) *Graph {
 			Name:      c.name,
 			Key:       c.key,
 			Type:      c.instances[0].typ.word(),
-			Instances: len(c.instances),
+			Instances: c.weight(),
 		})
 	}
 	type pair struct{ from, to int }
@@ -77,7 +81,7 @@ func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string) *Graph {
 			timedOnly[i] = true
 		}
 		ge := &g.Edges[i]
-		ge.Dependencies++
+		ge.Dependencies += int(ed.weight)
 		for _, id := range onCycle[ed] {
 			ge.Cycle = true
 			ge.Findings = appendUnique(ge.Findings, id)
@@ -92,6 +96,9 @@ func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string) *Graph {
 			}
 			if !s.timed {
 				timedOnly[i] = false
+			}
+			if s.link != nil && ge.Hook == "" {
+				ge.Hook = hookName(s.link.take.via)
 			}
 			if ed.from.typ == typeArena && (ge.Arena == "" || s.hold > holdOf(ge.Arena)) {
 				ge.Arena = s.hold.String()

@@ -4,25 +4,27 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 )
 
 // TestGraph: the class graph has every dependency once, with the cycle
 // edges flagged by the findings they are on, and stays out of the JSON.
 func TestGraph(t *testing.T) {
-	b := named(newTrace(100, nil))
+	b := named(tracebuild.New(100, nil))
 	// A → B and B → A: an inversion. A → C: no cycle.
 	lk(b, 1, lockA, "f1")
 	lk(b, 1, lockB, "f2")
 	lk(b, 1, lockC, "f3")
-	b.unlock(1, lockC).unlock(1, lockB).unlock(1, lockA)
+	b.Unlock(1, lockC).Unlock(1, lockB).Unlock(1, lockA)
 	lk(b, 2, lockB, "g1")
 	lk(b, 2, lockA, "g2")
-	b.unlock(2, lockA).unlock(2, lockB)
+	b.Unlock(2, lockA).Unlock(2, lockB)
 	// The seed bug: vma_lock ⇄ the arena, and a hook path that does not
 	// hold the arena lock.
 	openMPIThreadA(b, 3)
 	openMPIThreadB(b, 4, shrinkHeapHookStack...)
-	b.footer(nil)
+	b.Footer(nil)
 	res := analyze(Options{}, b)
 
 	g := res.Graph

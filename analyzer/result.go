@@ -53,6 +53,9 @@ const (
 	KindHookLock         Kind = "hook-lock"
 	KindForbiddenNesting Kind = "forbidden-nesting"
 	KindDeadlock         Kind = "deadlock"
+	// KindTraceInconsistency: records that cannot all be true (a lost or
+	// misattributed event); never an error.
+	KindTraceInconsistency Kind = "trace-inconsistency"
 )
 
 // Result is what an analysis found.
@@ -83,10 +86,17 @@ type Finding struct {
 	Threads []uint32 `json:"threads,omitempty"`
 	// Scenario is a lockdep-style interleaving that deadlocks.
 	Scenario []Step `json:"scenario,omitempty"`
+	// Gate, on a guarded lock-order cycle (a warning), is the lock every
+	// dependency on it was taken under: the paths exclude each other.
+	Gate string `json:"gate,omitempty"`
 	// Occurrences counts the instance-level sightings merged here.
 	Occurrences uint64 `json:"occurrences"`
 	// Instances lists the lock instances of each merged sighting (capped).
 	Instances [][]string `json:"instances,omitempty"`
+	// Unreported counts, for a lock-order cycle, the dependencies of the
+	// same strongly connected component that lie on cycles not reported:
+	// the search stops after a fixed number of cycles per component.
+	Unreported uint64 `json:"unreported,omitempty"`
 }
 
 // Edge is one dependency of a finding: To was taken while From was held.

@@ -37,14 +37,19 @@ type selfSighting struct {
 	allocStack *events.Stack
 	via        string
 	count      uint64
+	// Sightings the thread outlived (more events followed): impossible
+	// for a lock that waits forever.
+	contradicted uint64
 }
 
 // selfLock records a thread taking a lock it holds (h).
 func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind) {
 	viaHook := q.inAlloc && !h.inAlloc
+	h.inst.pinned = true // the key holds its id
 	key := selfKey{h.inst.id, kind, viaHook}
 	if s := a.selfLocks[key]; s != nil {
 		s.count++
+		t.expectStop(s)
 		return
 	}
 	st := t.stream.stack(q.e.Stack)
@@ -70,6 +75,25 @@ func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind
 	}
 	a.selfLocks[key] = s
 	a.selfList = append(a.selfList, s)
+	t.expectStop(s)
+}
+
+// expectStop: after a self-deadlock on a lock that waits forever, the
+// thread should record nothing more.
+func (t *thread) expectStop(s *selfSighting) {
+	if s.kind == selfDeadlock {
+		t.outlived = s
+		t.selfBefore = t.prev
+	}
+}
+
+// disproved reports whether the trace contradicts the sighting: every one
+// was outlived by its thread; or some were, and events were lost. Then the
+// lock's release was among the lost events, and the sightings not followed
+// by an event (the trace ended, or the thread's next events were lost too)
+// are no better evidence: a trace inconsistency, not an error.
+func (s *selfSighting) disproved() bool {
+	return s.count > 0 && (s.contradicted == s.count || s.contradicted > 0 && s.stream.lossy())
 }
 
 // selfFindings merges self-lock sightings by lock class and code site.
@@ -77,6 +101,9 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 	var out []Finding
 	index := map[string]int{}
 	for _, s := range a.selfList {
+		if s.disproved() {
+			continue // reported as a trace inconsistency
+		}
 		lock := n.of(s.inst)
 		siteKey := stableSite(callerFrame(s.stack))
 		kind, sev := KindSelfDeadlock, SeverityError
@@ -103,6 +130,10 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 			Instances:   [][]string{{lock}},
 		}
 		f.Title, f.Detail = selfText(s, lock)
+		if s.contradicted > 0 {
+			f.Detail += " (" + itoa(s.contradicted) + " of " + itoa(s.count) +
+				" sightings were followed by more events of their thread, which a real self-deadlock forbids: see the trace inconsistencies.)"
+		}
 		f.Edges = selfEdges(s, lock)
 		out = append(out, f)
 	}

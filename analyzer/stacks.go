@@ -176,6 +176,20 @@ var memSyscallNames = map[string]string{
 // hookedCall names the memory call a hook runs in, from the hook's stack: a
 // libc wrapper frame, else a hook function named after the call it patches
 // ("_intercept_madvise", "ucm_override_munmap").
+// selfCall reports whether an allocator call inside an allocator call was
+// made by the allocator itself, not by a hook: its caller is in the same
+// object as the entry point. glibc's posix_memalign, memalign, valloc and
+// aligned_alloc relay to malloc when the alignment asks for nothing more
+// than malloc's, and realloc to malloc or free; a hook is always in another
+// object (glibc 2.34 has no hook variables left).
+func selfCall(st *events.Stack) bool {
+	if st == nil || len(st.Frames) < 2 {
+		return false
+	}
+	obj := st.Frames[0].Object
+	return obj != "" && st.Frames[1].Object == obj
+}
+
 func hookedCall(st *events.Stack) string {
 	if st == nil {
 		return ""

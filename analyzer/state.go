@@ -28,9 +28,11 @@ func (t lockType) word() string {
 
 func lockTypeOf(op events.Op) lockType {
 	switch {
-	case op >= events.OpRwlockRdlock && op <= events.OpRwlockUnlock:
+	case op >= events.OpRwlockRdlock && op <= events.OpRwlockUnlock,
+		op == events.OpRwlockInit, op == events.OpRwlockDestroy:
 		return typeRwlock
-	case op >= events.OpSpinLock && op <= events.OpSpinUnlock:
+	case op >= events.OpSpinLock && op <= events.OpSpinUnlock,
+		op == events.OpSpinInit, op == events.OpSpinDestroy:
 		return typeSpin
 	}
 	return typeMutex
@@ -70,6 +72,18 @@ type thread struct {
 	allocStack uint32
 
 	hook hookContext
+
+	prev       prevEvent     // the thread's latest event
+	outlived   *selfSighting // a self-deadlock the thread's next event contradicts
+	selfBefore prevEvent     // the event before that self-deadlock
+	// In an attach, the lock addresses the thread was seen taking: an
+	// unlock of any other may release a lock taken before the attach.
+	took map[uint64]bool
+
+	// The locks held around the thread's current allocator call, and
+	// those a hook took again inside it.
+	allocUnder []*instance
+	retook     []*instance
 }
 
 type activeProbe struct {
@@ -90,27 +104,30 @@ func (t *thread) findHeld(addr uint64) int {
 }
 
 // release drops one level of the lock at addr (all of it when all is set,
-// as cond_wait does). Unlocks of locks the thread does not hold (lost
-// events, or a lock handed between threads) are counted and ignored.
-func (t *thread) release(addr uint64, all bool) {
+// as cond_wait does). It reports false, and counts the unlock, when the
+// thread does not hold the lock (lost events, or a lock handed between
+// threads).
+func (t *thread) release(addr uint64, all bool) bool {
 	i := t.findHeld(addr)
 	if i < 0 {
 		t.stream.unbalanced++
-		return
+		return false
 	}
 	h := &t.held[i]
 	h.depth--
 	if h.depth > 0 && !all {
-		return
+		return true
 	}
 	// Keep the order of the others: out-of-order unlocks are common.
 	copy(t.held[i:], t.held[i+1:])
 	t.held = t.held[:len(t.held)-1]
+	return true
 }
 
 // exit forgets a thread's state; a TID can be reused later.
 func (t *thread) exit() {
 	t.held = t.held[:0]
+	t.outlived = nil
 	t.probes = t.probes[:0]
 	t.probesInAlloc = 0
 	t.allocOp = events.OpNone
@@ -153,7 +170,8 @@ func (a *Analyzer) acquire(t *thread, e *events.Event, inAlloc bool) {
 		inst.recursive = events.MutexKind(e.Arg&3) == events.MutexRecursive
 		inst.errorCheck = events.MutexKind(e.Arg&3) == events.MutexErrorCheck
 	} else if typ == typeRwlock {
-		inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive
+		// Set at init or by any call: a lifetime's preference is fixed.
+		inst.nonRecursiveReads = inst.nonRecursiveReads || e.Arg == rwlockPreferWriterNonrecursive
 	}
 	read := op.IsRead()
 	a.take(t, acquisition{
@@ -185,9 +203,18 @@ func (a *Analyzer) take(t *thread, q acquisition) {
 		inst.used = true
 		inst.firstStack = t.stream.stack(q.e.Stack)
 	}
+	if q.inAlloc && len(t.allocUnder) > 0 {
+		t.retook = append(t.retook, inst)
+	}
 	if i := t.findHeld(q.addr); i >= 0 {
 		a.retake(t, i, q)
 		return
+	}
+	if t.stream.attached() {
+		if t.took == nil {
+			t.took = map[uint64]bool{}
+		}
+		t.took[q.addr] = true
 	}
 	if !q.try {
 		dt := depType(0)
@@ -242,6 +269,9 @@ func (a *Analyzer) retake(t *thread, i int, q acquisition) {
 	case h.inst.typ == typeMutex && h.inst.errorCheck:
 		a.selfLock(t, h, q, selfErrorCheck)
 	default:
+		// It waits forever, unless the trace is wrong: then the thread goes
+		// on holding it once more (its next event checks).
+		h.depth++
 		a.selfLock(t, h, q, selfDeadlock)
 	}
 }

@@ -23,11 +23,14 @@ type Stats struct {
 	ExitStatus *int              `json:"exit_status,omitempty"`
 	ExitSignal string            `json:"exit_signal,omitempty"`
 
-	Locks             int      `json:"locks"`        // lock instances taken
-	LockClasses       int      `json:"lock_classes"` // their classes
-	Dependencies      int      `json:"dependencies"` // lock-order edges between instances
-	UnbalancedUnlocks uint64   `json:"unbalanced_unlocks,omitempty"`
-	Warnings          []string `json:"warnings,omitempty"`
+	Locks             int    `json:"locks"`        // lock instances taken
+	LockClasses       int    `json:"lock_classes"` // their classes
+	Dependencies      int    `json:"dependencies"` // lock-order edges between instances
+	UnbalancedUnlocks uint64 `json:"unbalanced_unlocks,omitempty"`
+	// TraceChecks counts records that contradict each other: nonzero means
+	// the tracer lost or misattributed events.
+	TraceChecks TraceChecks `json:"trace_checks"`
+	Warnings    []string    `json:"warnings,omitempty"`
 
 	Traces []TraceStats `json:"traces"`
 }
@@ -93,9 +96,12 @@ func (a *Analyzer) stats(n *naming) Stats {
 			continue
 		}
 		st.LockClasses++
-		st.Locks += len(c.instances)
+		st.Locks += c.weight()
 	}
-	st.Dependencies = len(a.edgeList)
+	for _, ed := range a.edgeList {
+		st.Dependencies += int(ed.weight)
+	}
+	st.TraceChecks = a.checks
 	return st
 }
 

@@ -17,6 +17,7 @@ type lockKey struct {
 
 // stream is one trace: its stack IDs, PIDs and TIDs mean nothing outside it.
 type stream struct {
+	an     *Analyzer
 	index  int
 	source string
 	seen   bool // any record arrived
@@ -163,6 +164,7 @@ type proc struct {
 	live   map[uint64]*instance
 	sorted []uint64  // addresses of live, ascending: free/munmap ranges
 	arena  *instance // the allocator pseudo-lock, created on demand
+	ctx    *hookCtx  // its allocator calls under locks and hook locks
 }
 
 // lock returns the live instance at addr, creating it when the address has
@@ -176,14 +178,17 @@ func (p *proc) lock(a *Analyzer, addr uint64, typ lockType) *instance {
 
 func (p *proc) create(a *Analyzer, addr uint64, typ lockType) *instance {
 	inst := &instance{
-		id:     int32(len(a.instances)),
+		id:     a.newInstanceID(),
 		stream: p.stream,
 		pid:    p.pid,
 		addr:   addr,
 		typ:    typ,
 		name:   p.stream.lockNames[lockKey{p.pid, addr}],
+		seq:    a.nextSeq,
+		weight: 1,
 	}
-	a.instances = append(a.instances, inst)
+	a.nextSeq++
+	a.instances[inst.id] = inst
 	p.live[addr] = inst
 	i := sort.Search(len(p.sorted), func(i int) bool { return p.sorted[i] >= addr })
 	p.sorted = append(p.sorted, 0)
@@ -194,18 +199,21 @@ func (p *proc) create(a *Analyzer, addr uint64, typ lockType) *instance {
 
 // initLock starts a new lifetime at addr (re-initialising a live lock ends
 // the old one) and remembers where it was initialised, to name it.
-func (p *proc) initLock(a *Analyzer, addr uint64, st *events.Stack) {
+func (p *proc) initLock(a *Analyzer, addr uint64, typ lockType, st *events.Stack) *instance {
 	p.end(addr)
-	inst := p.create(a, addr, typeMutex)
+	inst := p.create(a, addr, typ)
 	inst.initStack = st
+	return inst
 }
 
 // end finishes the lifetime of the lock at addr, if any.
 func (p *proc) end(addr uint64) {
-	if _, ok := p.live[addr]; !ok {
+	inst, ok := p.live[addr]
+	if !ok {
 		return
 	}
 	delete(p.live, addr)
+	p.stream.an.lifetimeEnded(inst)
 	i := sort.Search(len(p.sorted), func(i int) bool { return p.sorted[i] >= addr })
 	p.sorted = append(p.sorted[:i], p.sorted[i+1:]...)
 }
@@ -227,7 +235,9 @@ func (p *proc) endRange(addr, size uint64) {
 	i := sort.Search(n, func(i int) bool { return p.sorted[i] >= addr })
 	j := i
 	for j < n && p.sorted[j] < hi {
+		inst := p.live[p.sorted[j]]
 		delete(p.live, p.sorted[j])
+		p.stream.an.lifetimeEnded(inst)
 		j++
 	}
 	if j > i {
@@ -239,14 +249,17 @@ func (p *proc) endRange(addr, size uint64) {
 func (p *proc) arenaLock(a *Analyzer) *instance {
 	if p.arena == nil {
 		p.arena = &instance{
-			id:     int32(len(a.instances)),
+			id:     a.newInstanceID(),
 			stream: p.stream,
 			pid:    p.pid,
 			typ:    typeArena,
 			name:   p.stream.allocatorLock,
 			used:   true,
+			seq:    a.nextSeq,
+			weight: 1,
 		}
-		a.instances = append(a.instances, p.arena)
+		a.nextSeq++
+		a.instances[p.arena.id] = p.arena
 	}
 	return p.arena
 }

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package bench measures what tracing costs a multi-threaded malloc + mutex
 // workload: untraced, under hooktrace (aggregate and full modes), and under
 // two floors — the same probe sites attached to a BPF program that only
@@ -22,19 +24,19 @@ type Config struct {
 	Key    string // short name, for metrics
 	Name   string // for the table
 	Traced bool
-	Opts   tracer.Options
-	// Floor says whether hits come from FloorHits rather than Calls.
-	Floor bool
+	Opts   tracer.Options // hooktrace's, when traced and not a floor
+	// Floor runs the counting-only program of floor.c instead of
+	// hooktrace, at hooktrace's sites or, with AtEntry, at the functions'
+	// first instructions.
+	Floor, AtEntry bool
 }
 
 // Configs are the configurations, in the order they run in each round.
 func Configs() []Config {
 	return []Config{
 		{Key: "untraced", Name: "untraced"},
-		{Key: "floor", Name: "floor at hooktrace's sites", Traced: true, Floor: true,
-			Opts: tracer.Options{Floor: true}},
-		{Key: "entry", Name: "floor at function entries", Traced: true, Floor: true,
-			Opts: tracer.Options{Floor: true, FloorAtEntry: true}},
+		{Key: "floor", Name: "floor at hooktrace's sites", Traced: true, Floor: true},
+		{Key: "entry", Name: "floor at function entries", Traced: true, Floor: true, AtEntry: true},
 		{Key: "aggregate", Name: "hooktrace (aggregate, default)", Traced: true,
 			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
 		{Key: "full", Name: "hooktrace (full)", Traced: true,
@@ -53,6 +55,9 @@ type Result struct {
 	Lost      uint64
 	Records   uint64 // records the tracer handed out
 	Bytes     int64  // their size encoded as a trace file
+	// What crossed the kernel's ring buffer: records (events, stacks, raw
+	// stack samples) and bytes.
+	RingRecords, RingBytes uint64
 }
 
 // countingWriter counts what the trace-file writer produces.
@@ -68,7 +73,7 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	var res Result
 	var tr *tracer.Tracer
-	if cfg.Traced {
+	if cfg.Traced && !cfg.Floor {
 		opts := cfg.Opts
 		opts.Warn = warn
 		var err error
@@ -81,6 +86,14 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 	g, err := tracer.StartGated(argv)
 	if err != nil {
 		return res, err
+	}
+	var fl *floor
+	if cfg.Floor {
+		if fl, err = attachFloor(g, cfg.AtEntry, warn); err != nil {
+			g.Abort()
+			return res, err
+		}
+		defer fl.close()
 	}
 	var (
 		stop     = make(chan struct{})
@@ -150,10 +163,12 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		}
 		res.Lost = tr.Lost()
 		res.Bytes = sink.n
-		if cfg.Floor {
-			res.Hits = tr.FloorHits()
-		} else {
-			res.Hits = uprobeHits(tr.Calls())
+		res.RingRecords, res.RingBytes = tr.RingRead()
+		res.Hits = uprobeHits(tr.Calls())
+	}
+	if fl != nil {
+		if res.Hits, err = fl.hits(); err != nil {
+			return res, err
 		}
 	}
 	if waitErr != nil {

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package bench
 
 import (
@@ -11,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -45,12 +48,7 @@ var benchOnce sync.Once
 // round-robin, and reports the medians. It runs the rounds once whatever
 // b.N is: -benchtime 1x.
 func BenchmarkOverhead(b *testing.B) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			b.Fatal("eBPF unavailable under CI: not root")
-		}
-		b.Skip("eBPF unavailable: not root")
-	}
+	testenv.RequireBPF(b)
 	ran := false
 	benchOnce.Do(func() { ran = true })
 	if !ran {

@@ -8,6 +8,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include <asm/unistd_64.h>
 #include "hooktrace.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -22,20 +23,25 @@ const volatile __u32 want_samples = 1; /* raw stack samples inside allocator cal
  * without its unlock and make a thread look as if it held it forever. */
 volatile __u32 tracing_on = 0;
 
+/* Counts lock lifetimes ended (init, destroy, munmap, mremap, exec, a free
+ * of a chunk on a page holding a lock) in any traced process; mixed into
+ * every chain-cache key. A lock re-made at an address is a new lock to the
+ * analysis, and the patterns the old one was in must be sent again for it.
+ * One global read is the acquisition hot path's whole cost; the price is
+ * that every lifetime end makes each pattern of every traced process new
+ * once. */
+volatile __u64 lock_epoch = 0;
+
 /* Processes being traced (tgid -> TRACED, or GATED for a child that has
  * not exec'd its target yet: its own start-up is not the target's). uprobes
  * are PID-filtered by the kernel; the raw tracepoints are global and filter
  * here. */
-#define TRACED 1
-#define GATED 2
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u8);
 } traced SEC(".maps");
-
-#define MAX_HELD 8
 
 /* A lock the thread holds, as the probes saw it taken. */
 struct held_lock {
@@ -80,6 +86,8 @@ struct thread_state {
 	 * loop repeats a few patterns, and this saves the shared map lookup. */
 	__u64 cache_key[4];
 	__u64 cache_stack[4];
+	/* The last acquisition at a site that can fire twice in one call. */
+	__u64 refire_lock, refire_sp, refire_ret;
 };
 
 /* Acquisition patterns already sent, lockdep's chain cache: (lock, locks
@@ -94,6 +102,59 @@ struct {
 	__type(key, __u64);
 	__type(value, __u64);
 } seen_acq SEC(".maps");
+
+/* Pages that hold a lock the analysis was sent, by process: a free that
+ * covers one must be sent (and the chain cache emptied) even in aggregate
+ * mode, or a lock freed without destroy and re-made at its address (a
+ * zeroed mutex needs no init) would merge with the old one. Only sent
+ * acquisitions register their page, so the hot path pays nothing; an
+ * evicted page makes a later free of it go unsent, as before. */
+struct page_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 page;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct page_key);
+	__type(value, __u8);
+} lock_pages SEC(".maps");
+
+static __always_inline void lock_page_add(__u32 pid, __u64 lock)
+{
+	struct page_key k = {.pid = pid, .pad = 0, .page = lock >> 12};
+	__u8 one = 1;
+	bpf_map_update_elem(&lock_pages, &k, &one, BPF_ANY);
+}
+
+/* Whether freeing the chunk at p may end a lock's lifetime: a page it spans
+ * holds a lock, or it spans more pages than are checked. glibc's chunk
+ * header gives the size; a chunk glibc mmapped goes back with munmap, which
+ * is always sent. */
+static __always_inline int free_covers_lock(__u32 pid, __u64 p)
+{
+	__u64 sz = 0;
+	if (!p || bpf_probe_read_user(&sz, sizeof(sz), (void *)(p - 8)))
+		return 0;
+	if (sz & 2) /* IS_MMAPPED */
+		return 0;
+	sz &= ~7ULL;
+	if (sz < 16)
+		return 0;
+	__u64 first = p >> 12, last = (p + sz - 16) >> 12;
+	if (last - first >= FREE_PAGES)
+		return 1;
+	for (__u32 i = 0; i < FREE_PAGES; i++) {
+		if (first + i > last)
+			break;
+		struct page_key k = {.pid = pid, .pad = 0, .page = first + i};
+		if (bpf_map_lookup_elem(&lock_pages, &k))
+			return 1;
+	}
+	return 0;
+}
 
 /* Per-thread state in task-local storage: found from the task itself,
  * cheaper than a hash lookup by TID on every probe hit, and freed with the
@@ -130,19 +191,10 @@ struct {
 /* Records the ring buffer had no room for, by record type. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 4);
+	__uint(max_entries, REC_SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
 } lost SEC(".maps");
-
-/* The floor: the same probe sites attached to this program measure what a
- * trap and a counter cost, so benchmarks can tell probe cost from ours. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} floor_hits SEC(".maps");
 
 struct scratch {
 	__u64 ips[MAX_FRAMES + 1];
@@ -171,6 +223,28 @@ struct {
 	__type(value, struct scratch);
 } scratch_map SEC(".maps");
 
+/* A sample is built here, then copied to the ring at its used length: a
+ * reservation is of a constant size, and most samples need far less than
+ * SAMPLE_BYTES. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample);
+} sample_buf SEC(".maps");
+
+/* Samples already sent, by what decides their unwound stack (sample_key):
+ * the raw-stack counterpart of the chain cache. A hook inside free that
+ * runs thousands of times a second on one path is sampled once; a sample
+ * is 1-8 KiB, and copying one per lock filled the ring. LRU: an evicted
+ * pattern is sampled again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u64);
+} seen_samples SEC(".maps");
+
 static __always_inline void count(__u32 *slot, void *map)
 {
 	__u64 *v = bpf_map_lookup_elem(map, slot);
@@ -187,17 +261,6 @@ static __always_inline void count_lost(__u32 type)
 {
 	count(&type, &lost);
 }
-
-/* The cookie of a uprobe: op in the low 16 bits, the stack adjustment at the
- * probe site (bytes pushed since the function's entry) above it. Allocator
- * probes also carry where the allocator's code lies relative to the probe:
- * the distance back to its start (24 bits) and its length in 64 KiB units
- * (8 bits), so the range is known from the first call, before user space
- * could read the process's maps. Other probes carry a user-probe index. */
-#define COOKIE_OP(c) ((__u32)((c)&0xffff))
-#define COOKIE_ADJ(c) ((__u32)(((c) >> 16) & 0xffff))
-#define COOKIE_RANGE_BACK(c) (((c) >> 32) & 0xffffff)
-#define COOKIE_RANGE_LEN(c) ((((c) >> 56) & 0xff) << 16)
 
 static __always_inline struct thread_state *thread_get(void)
 {
@@ -262,19 +325,14 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
  * rest: a wake-up per record (an irq_work, an IPI in a VM) costs more than
  * the record. */
 #define WAKE_BYTES (256 << 10)
-#define RB_NO_WAKEUP 1    /* BPF_RB_NO_WAKEUP */
-#define RB_FORCE_WAKEUP 2 /* BPF_RB_FORCE_WAKEUP */
-#define RB_AVAIL_DATA 0   /* BPF_RB_AVAIL_DATA */
-
-#define RB_RING_SIZE 1 /* BPF_RB_RING_SIZE */
 
 static __always_inline __u64 ring_flags(void)
 {
 	/* A small ring must not fill before the batch would wake the reader. */
-	__u64 wake = bpf_ringbuf_query(&ring, RB_RING_SIZE) / 4;
+	__u64 wake = bpf_ringbuf_query(&ring, BPF_RB_RING_SIZE) / 4;
 	if (wake > WAKE_BYTES)
 		wake = WAKE_BYTES;
-	return bpf_ringbuf_query(&ring, RB_AVAIL_DATA) >= wake ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+	return bpf_ringbuf_query(&ring, BPF_RB_AVAIL_DATA) >= wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
 /* The frame-pointer chain from (ip, fp) into ips (MAX_FRAMES slots), read
@@ -371,17 +429,93 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, st
 	return hash;
 }
 
-/* Sends raw stack memory for user-space unwinding; returns its id (top bit
- * set, which no frame-pointer stack hash has), or 0. */
-static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp, __u64 until)
+/* What decides a sample's unwound stack, hashed: the process and its
+ * allocator's place (a new image has another), the probe site (ip) and its
+ * caller (the return address at ret_slot), the locks held, the allocator
+ * call (op and its caller), and the path from there to here: the distance
+ * to the allocator call's return slot and every return address into the
+ * allocator's code on the live stack between, with its depth. 0 when the
+ * allocator's range is unknown: then every event is sampled. */
+static __always_inline __u64 sample_key(struct thread_state *st, __u32 pid, __u32 op, __u64 ip,
+					__u64 sp, __u64 ret_slot)
 {
-	if (!want_samples)
+	struct alloc_range *r = bpf_map_lookup_elem(&alloc_ranges, &pid);
+	if (!r || !st->alloc_sp || st->alloc_sp <= sp)
 		return 0;
-	struct sample *r = bpf_ringbuf_reserve(&ring, sizeof(*r), 0);
-	if (!r) {
-		count_lost(REC_SAMPLE);
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	if (!s)
 		return 0;
+	__u64 ret = 0;
+	if (ret_slot)
+		bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
+	__u64 dist = st->alloc_sp - sp;
+	__u64 h = 0xcbf29ce484222325ULL ^ pid;
+	h = (h ^ r->lo) * 0x100000001b3ULL;
+	h = (h ^ op) * 0x100000001b3ULL;
+	h = (h ^ ip) * 0x100000001b3ULL;
+	h = (h ^ ret) * 0x100000001b3ULL;
+	h = (h ^ st->alloc_op) * 0x100000001b3ULL;
+	h = (h ^ st->alloc_ret) * 0x100000001b3ULL;
+	h = (h ^ dist) * 0x100000001b3ULL;
+	for (__u32 i = 0; i < MAX_HELD; i++) {
+		if (i >= st->nheld)
+			break;
+		h = (h ^ st->held_locks[i].addr) * 0x100000001b3ULL;
 	}
+	__u64 len = dist;
+	if (len > sizeof(s->slots))
+		len = sizeof(s->slots);
+	len &= ~7ULL;
+	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
+		return 0;
+	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
+		if (i * 8 >= len)
+			break;
+		__u64 v = s->slots[i];
+		if (v >= r->lo && v < r->hi)
+			h = (h ^ v ^ ((__u64)i << 48)) * 0x100000001b3ULL;
+	}
+	return h ? h : 1;
+}
+
+/* Sends raw stack memory for user-space unwinding, once per sample_key;
+ * returns its id (top bit set, which no frame-pointer stack hash has), or
+ * 0. An event whose key was sampled before names that sample again: user
+ * space keeps a sample's stack while the kernel may still name it. */
+/* Where a sample is taken: the registers and the probe's caller slot. */
+struct sample_at {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u64 ret_slot;
+	__u32 pid;
+	__u32 op;
+};
+
+/* A global function: the verifier checks it once, not at each of the
+ * probes' call sites (its loops made uprobe_hook's verification approach
+ * the one-million-instruction limit). */
+__attribute__((noinline)) __u64 take_sample(struct thread_state *st, struct sample_at *at)
+{
+	if (!want_samples || !st || !at)
+		return 0;
+	__u32 pid = at->pid;
+	__u64 ip = at->ip, sp = at->sp, bp = at->bp;
+	__u64 until = st->alloc_sp;
+	__u64 key = sample_key(st, pid, at->op, ip, sp, at->ret_slot);
+	if (key) {
+		__u64 *known = bpf_map_lookup_elem(&seen_samples, &key);
+		if (known)
+			return *known;
+	}
+	__u32 zero = 0;
+	struct sample *r = bpf_map_lookup_elem(&sample_buf, &zero);
+	if (!r)
+		return 0;
+	/* Up to the allocator call's return slot and a little beyond: the
+	 * unwinder needs the frames down to the allocator's entry, and the
+	 * margin gives it the callers' frames too. */
 	__u64 len = SAMPLE_BYTES;
 	if (until > sp && until - sp + 2048 < SAMPLE_BYTES)
 		len = until - sp + 2048;
@@ -395,19 +529,26 @@ static __always_inline __u64 take_sample(__u32 pid, __u64 ip, __u64 sp, __u64 bp
 		len = 1024;
 		err = bpf_probe_read_user(r->data, len, (void *)sp);
 	}
-	if (err) {
-		bpf_ringbuf_discard(r, 0);
+	if (err)
 		return 0;
-	}
 	__u64 id = (1ULL << 63) | ((__u64)bpf_get_prandom_u32() << 20) | (bpf_ktime_get_ns() & 0xfffff);
 	r->type = REC_SAMPLE;
 	r->len = len;
 	r->pid = pid;
+	r->pad = 0;
 	r->hash = id;
 	r->ip = ip;
 	r->sp = sp;
 	r->bp = bp;
-	bpf_ringbuf_submit(r, ring_flags());
+	__u64 size = __builtin_offsetof(struct sample, data) + len;
+	if (size > sizeof(*r))
+		size = sizeof(*r);
+	if (bpf_ringbuf_output(&ring, r, size, ring_flags())) {
+		count_lost(REC_SAMPLE);
+		return 0;
+	}
+	if (key)
+		bpf_map_update_elem(&seen_samples, &key, &id, BPF_ANY);
 	return id;
 }
 
@@ -436,12 +577,25 @@ static __always_inline void event_send(struct event *e)
 		count_lost(REC_EVENT);
 }
 
-/* A mutex's type, from __kind (offset 16 on x86-64 glibc); 0 for others. */
-static __always_inline __u32 mutex_kind(__u32 op, __u64 lock)
+static __always_inline int is_mutex(__u32 op)
+{
+	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
+}
+
+static __always_inline int is_rwlock(__u32 op)
+{
+	return op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_UNLOCK;
+}
+
+/* What the analysis needs to know of a lock's type, read from the lock: a
+ * mutex's __kind, a rwlock's preference (__flags); 0 for spinlocks. */
+static __always_inline __u32 lock_kind(__u32 op, __u64 lock)
 {
 	__u32 kind = 0;
-	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
-		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + 16));
+	if (is_mutex(op))
+		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + GLIBC_MUTEX_KIND_OFFSET));
+	else if (is_rwlock(op))
+		bpf_probe_read_user(&kind, sizeof(kind), (void *)(lock + GLIBC_RWLOCK_FLAGS_OFFSET));
 	return kind;
 }
 
@@ -487,6 +641,7 @@ static __always_inline int held_pop(struct thread_state *st, __u64 addr)
 static __always_inline __u64 pattern_key(struct thread_state *st, __u32 pid, __u32 op, __u64 lock, __u64 site)
 {
 	__u64 h = 0xcbf29ce484222325ULL ^ pid;
+	h = (h ^ lock_epoch) * 0x100000001b3ULL;
 	h = (h ^ op) * 0x100000001b3ULL;
 	h = (h ^ lock) * 0x100000001b3ULL;
 	h = (h ^ site) * 0x100000001b3ULL;
@@ -511,7 +666,7 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
 		event_init(&fe, st->held_locks[i].op, id);
 		fe.time = st->held_locks[i].time;
 		fe.addr = st->held_locks[i].addr;
-		fe.arg = mutex_kind(st->held_locks[i].op, st->held_locks[i].addr);
+		fe.arg = lock_kind(st->held_locks[i].op, st->held_locks[i].addr);
 		fe.stack = st->held_locks[i].stack;
 		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
 		event_send(&fe);
@@ -558,9 +713,49 @@ static __always_inline void alloc_context(struct event *e, struct thread_state *
 	e->addr2 = st->alloc_op | ((__u64)st->alloc_seq << 16);
 }
 
-static __always_inline int is_mutex(__u32 op)
+static __always_inline int is_unlock(__u32 op)
 {
-	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
+	return op == OP_MUTEX_UNLOCK || op == OP_RWLOCK_UNLOCK || op == OP_SPIN_UNLOCK;
+}
+
+/* Whether the thread may hold lock: it is in the held array, or the array
+ * overflowed and cannot say. At an address two entry points share, an
+ * unlock and an init (glibc 2.36's pthread_spin_unlock and
+ * pthread_spin_init both store 0 to the lock word), the call is told apart
+ * by this: releasing a lock the thread does not hold is undefined, so such
+ * a call is an init. A lock taken before tracing began is not in the array
+ * either: its release then reads as an init, which starts the lock a new
+ * lifetime, no worse than the unmatched unlock it would otherwise be. */
+static __always_inline int may_hold(struct thread_state *st, __u64 lock)
+{
+	if (st->held < 0 || (__u32)st->held > st->nheld)
+		return 1;
+	for (__u32 i = 0; i < MAX_HELD; i++) {
+		if (i >= st->nheld)
+			break;
+		if (st->held_locks[i].addr == lock)
+			return 1;
+	}
+	return 0;
+}
+
+/* Whether this hit is the same call's probe firing again: glibc's
+ * pthread_spin_lock cannot be probed at its lock-prefixed entry, and its
+ * spin loop jumps back to that entry, so the probe past it fires on every
+ * retry. A retry has the same lock, stack pointer and return address as
+ * the hit before, and the lock is held (it was recorded as taken then). A
+ * thread that really calls the lock twice from one call site, holding it,
+ * spins forever on its own lock: that second call is missed. */
+static __always_inline int refired(struct thread_state *st, __u64 lock, __u64 sp, __u64 ret_slot)
+{
+	__u64 ret = 0;
+	bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
+	if (st->refire_lock == lock && st->refire_sp == sp && st->refire_ret == ret && may_hold(st, lock))
+		return 1;
+	st->refire_lock = lock;
+	st->refire_sp = sp;
+	st->refire_ret = ret;
+	return 0;
 }
 
 static __always_inline int is_try_or_timed(__u32 op)
@@ -586,9 +781,10 @@ static __always_inline int is_try_or_timed(__u32 op)
 static __always_inline void send_with_stack(void *ctx, struct event *e, struct pt_regs *regs,
 					    __u64 ret_slot, struct thread_state *st)
 {
-	if ((e->flags & F_IN_ALLOC) && want_samples)
-		e->stack = take_sample(e->pid, PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs),
-				       st->alloc_sp);
+	if ((e->flags & F_IN_ALLOC) && want_samples) {
+		struct sample_at at = {PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs), ret_slot, e->pid, e->op};
+		e->stack = take_sample(st, &at);
+	}
 	if (!e->stack)
 		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : regs);
 	event_send(e);
@@ -605,10 +801,18 @@ int uprobe_hook(struct pt_regs *ctx)
 	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
 	__u64 id = bpf_get_current_pid_tgid();
 
-	count_call(op);
 	struct thread_state *st = thread_get();
-	if (!st)
+	if (!st) {
+		count_call(op);
 		return 0;
+	}
+	if (is_unlock(op) && COOKIE_ALIAS(cookie) && !may_hold(st, PT_REGS_PARM1(ctx)))
+		op = COOKIE_ALIAS(cookie);
+	/* The high half means this only for lock probes. */
+	if (op >= OP_MUTEX_LOCK && op <= OP_SPIN_UNLOCK && COOKIE_REFIRES(cookie) &&
+	    refired(st, PT_REGS_PARM1(ctx), sp, ret_slot))
+		return 0;
+	count_call(op);
 
 	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
 		__u32 pid = id >> 32;
@@ -626,10 +830,14 @@ int uprobe_hook(struct pt_regs *ctx)
 			bpf_probe_read_user(&st->alloc_ret, sizeof(st->alloc_ret), (void *)ret_slot);
 			st->alloc_op = op;
 		}
-		if (!full_mode && !nested && st->held <= 0)
+		int covers = 0;
+		if (!full_mode && !nested && op == OP_FREE &&
+		    (covers = free_covers_lock(pid, PT_REGS_PARM1(ctx))))
+			__sync_fetch_and_add(&lock_epoch, 1);
+		if (!full_mode && !nested && !covers && st->held <= 0)
 			return 0;
 		__u64 key = 0;
-		if (!nested && dedupable(st)) {
+		if (!nested && !covers && dedupable(st)) {
 			key = pattern_key(st, pid, op, 0, st->alloc_ret);
 			if (pattern_seen(st, key))
 				return 0;
@@ -687,7 +895,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		flush_held(st, id);
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
-		e->arg = cookie >> 32;
+		e->arg = COOKIE_USER(cookie);
 		alloc_context(e, st, sp);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
@@ -729,8 +937,14 @@ int uprobe_hook(struct pt_regs *ctx)
 			return 0;
 		break;
 	}
-	case OP_MUTEX_DESTROY:
 	case OP_MUTEX_INIT:
+	case OP_MUTEX_DESTROY:
+	case OP_RWLOCK_INIT:
+	case OP_RWLOCK_DESTROY:
+	case OP_SPIN_INIT:
+	case OP_SPIN_DESTROY:
+		/* A lifetime ends (re-initialising a live lock ends it too). */
+		__sync_fetch_and_add(&lock_epoch, 1);
 		break;
 	default: { /* blocking acquisitions */
 		/* A pattern seen before is only counted, unless a hook takes
@@ -752,7 +966,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->addr = lock;
-		e->arg = mutex_kind(op, lock);
+		e->arg = lock_kind(op, lock);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
 		e->flags |= F_ACQUIRED;
@@ -760,6 +974,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
 		st->held++;
+		lock_page_add(id >> 32, lock);
 		if (key)
 			pattern_sent(st, key, e->stack);
 		return 0;
@@ -768,14 +983,24 @@ int uprobe_hook(struct pt_regs *ctx)
 	struct event ev, *e = &ev;
 	event_init(e, op, id);
 	e->addr = lock;
-	if (op != OP_MUTEX_UNLOCK)
-		e->arg = mutex_kind(op, lock);
+	if (op == OP_RWLOCK_INIT) {
+		__u64 attr = PT_REGS_PARM2(ctx);
+		__u32 pref = 0;
+		if (attr)
+			bpf_probe_read_user(&pref, sizeof(pref), (void *)(attr + GLIBC_RWLOCKATTR_KIND_OFFSET));
+		e->arg = pref;
+	} else if (op != OP_MUTEX_UNLOCK) {
+		e->arg = lock_kind(op, lock);
+	}
 	if (st->held > 0)
 		e->flags |= F_LOCKS_HELD;
-	if (op == OP_MUTEX_INIT)
+	/* Inits are sent with their stack: it names heap locks. */
+	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT) {
 		send_with_stack(ctx, e, ctx, ret_slot, st);
-	else
-		event_send(e);
+		lock_page_add(id >> 32, lock);
+		return 0;
+	}
+	event_send(e);
 	return 0;
 }
 
@@ -798,7 +1023,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->flags |= F_RETURN;
-		e->arg = cookie >> 32;
+		e->arg = COOKIE_USER(cookie);
 		e->ret = ret;
 		event_send(e);
 		return 0;
@@ -822,11 +1047,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 		e->flags |= F_ACQUIRED;
 		st->held++;
 	}
-	if (is_mutex(op)) {
-		__u32 kind = 0;
-		bpf_probe_read_user(&kind, sizeof(kind), (void *)(e->addr + 16));
-		e->arg = kind;
-	}
+	e->arg = lock_kind(op, e->addr);
 	if (st->held > 1 || ((e->flags & F_ACQUIRED) == 0 && st->held > 0))
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, sp);
@@ -835,15 +1056,8 @@ int uretprobe_hook(struct pt_regs *ctx)
 	if (e->flags & F_ACQUIRED) {
 		int cond = op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT;
 		held_push(st, cond ? e->addr2 : e->addr, cond ? OP_MUTEX_LOCK : op, e->arg, e->stack, e->time, 1);
+		lock_page_add(id >> 32, cond ? e->addr2 : e->addr);
 	}
-	return 0;
-}
-
-SEC("uprobe.multi")
-int uprobe_floor(struct pt_regs *ctx)
-{
-	__u32 zero = 0;
-	count(&zero, &floor_hits);
 	return 0;
 }
 
@@ -859,19 +1073,19 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	long nr = ctx->args[1];
 	__u32 op;
 	switch (nr) {
-	case 9:
+	case __NR_mmap:
 		op = OP_MMAP;
 		break;
-	case 11:
+	case __NR_munmap:
 		op = OP_MUNMAP;
 		break;
-	case 12:
+	case __NR_brk:
 		op = OP_BRK;
 		break;
-	case 25:
+	case __NR_mremap:
 		op = OP_MREMAP;
 		break;
-	case 28:
+	case __NR_madvise:
 		op = OP_MADVISE;
 		break;
 	default:
@@ -896,10 +1110,12 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		break;
 	case OP_MUNMAP:
 		e->size = r.si;
+		__sync_fetch_and_add(&lock_epoch, 1); /* may end locks' lifetimes */
 		break;
 	case OP_MREMAP:
 		e->size = r.si;
 		e->arg = r.dx;
+		__sync_fetch_and_add(&lock_epoch, 1);
 		break;
 	case OP_MMAP:
 		e->size = r.si;
@@ -909,8 +1125,10 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (st->held > 0)
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, r.sp);
-	if ((e->flags & F_IN_ALLOC) && want_samples)
-		e->stack = take_sample(pid, r.ip, r.sp, r.bp, st->alloc_sp);
+	if ((e->flags & F_IN_ALLOC) && want_samples) {
+		struct sample_at at = {r.ip, r.sp, r.bp, r.sp, pid, op};
+		e->stack = take_sample(st, &at);
+	}
 	if (!e->stack)
 		e->stack = take_stack(ctx, pid, r.sp, st->uret_pending ? 0 : &r);
 	event_send(e);
@@ -972,25 +1190,37 @@ int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tracepoint/sched_process_exec")
 int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 {
-	if (!tracing_on)
-		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 	__u8 *state = bpf_map_lookup_elem(&traced, &pid);
 	if (!state)
 		return 0;
-	/* The gate became the target: trace from here on. */
+	/* The gate became the target: trace from here on. This holds even
+	 * before tracing is turned on (the reader starts concurrently with the
+	 * gate's release): a target left GATED would lose every syscall and
+	 * thread event of its run. */
 	*state = TRACED;
-	count_call(OP_EXEC);
-	/* A new image: the allocator is elsewhere now. */
+	/* A new image: the allocator is elsewhere now, and every lock is new. */
 	bpf_map_delete_elem(&alloc_ranges, &pid);
+	__sync_fetch_and_add(&lock_epoch, 1);
+	if (!tracing_on)
+		return 0;
+	count_call(OP_EXEC);
 	struct event ev, *e = &ev;
 	event_init(e, OP_EXEC, id);
 	event_send(e);
 	return 0;
 }
 
-/* Keep the record types in BTF for bpf2go's generated Go types. */
+/* Keep the record types and the contract's enums in BTF for bpf2go's
+ * generated Go types. */
 const struct event *unused_event __attribute__((unused));
 const struct stack *unused_stack __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
+const enum limits *unused_limits __attribute__((unused));
+const enum rec_type *unused_rec_type __attribute__((unused));
+const enum trace_state *unused_trace_state __attribute__((unused));
+const enum op *unused_op __attribute__((unused));
+const enum event_flag *unused_event_flag __attribute__((unused));
+const enum cookie_layout *unused_cookie_layout __attribute__((unused));
+const enum glibc_layout *unused_glibc_layout __attribute__((unused));

@@ -1,21 +1,38 @@
-/* Types shared by the BPF programs and, through bpf2go, the Go tracer.
- * Keep every struct 8-byte aligned and free of implicit padding: Go reads
- * these bytes as they are. */
+/* The contract between the BPF programs and the Go tracer: every number
+ * both sides use is here, as an enum so that it reaches the object's BTF
+ * and, through bpf2go -type, the generated Go (tracer/contract_test.go
+ * checks the Go side against it). Keep every struct 8-byte aligned and free
+ * of implicit padding: Go reads these bytes as they are.
+ *
+ * The probes are x86-64 only: they read pt_regs and syscall numbers of
+ * that ABI and glibc's x86-64 structure layouts. */
 #ifndef HOOKTRACE_H
 #define HOOKTRACE_H
 
-#define MAX_FRAMES 48
-#define SAMPLE_BYTES 8192
-#define SCAN_SLOTS 512 /* return-slot scan: 4 KiB of stack */
+enum limits {
+	MAX_FRAMES = 48,
+	SAMPLE_BYTES = 8192,
+	SCAN_SLOTS = 512, /* return-slot scan: 4 KiB of stack */
+	MAX_HELD = 8,     /* locks a thread's state tracks one by one */
+	FREE_PAGES = 4,   /* pages of a freed chunk checked for locks, one by one */
+};
 
 /* Record types at the start of every ring-buffer record. */
 enum rec_type {
 	REC_EVENT = 1,
 	REC_STACK = 2,
 	REC_SAMPLE = 3,
+	REC_SLOTS, /* the lost map's size: indexed by record type */
 };
 
-/* Ops: the same numbering as events.Op in Go (events/event.go). */
+/* A process's state in the traced map. */
+enum trace_state {
+	TRACED = 1,
+	GATED = 2, /* a child that has not exec'd its target yet */
+};
+
+/* Ops: the numbering of events.Op in Go (events/event.go), a file format:
+ * append only. */
 enum op {
 	OP_MALLOC = 1,
 	OP_CALLOC,
@@ -57,15 +74,66 @@ enum op {
 	OP_EXEC,
 	OP_PROBE_ENTER,
 	OP_PROBE_EXIT,
+	OP_RWLOCK_INIT,
+	OP_RWLOCK_DESTROY,
+	OP_SPIN_INIT,
+	OP_SPIN_DESTROY,
 	OP_COUNT,
 };
 
-/* Event flags: the same bits as events.Flags. */
-#define F_RETURN (1 << 0)
-#define F_ACQUIRED (1 << 1)
-#define F_IN_ALLOC (1 << 2)
-#define F_PROCESS (1 << 3)
-#define F_LOCKS_HELD (1 << 4)
+/* Event flags: the bits of events.Flags. */
+enum event_flag {
+	F_RETURN = 1 << 0,
+	F_ACQUIRED = 1 << 1,
+	F_IN_ALLOC = 1 << 2,
+	F_PROCESS = 1 << 3,
+	F_LOCKS_HELD = 1 << 4,
+};
+
+/* The cookie of a uprobe: op in the low 16 bits, the stack adjustment at the
+ * probe site (bytes pushed since the function's entry) above it. Allocator
+ * probes also carry where the allocator's code lies relative to the probe:
+ * the distance back to its start (24 bits) and its length in 64 KiB units
+ * (8 bits), so the range is known from the first call, before user space
+ * could read the process's maps. User and return probes carry a user-probe
+ * index in the high 32 bits, other lock probes an alias op there. Go's side
+ * is tracer/cookie.go. */
+enum cookie_layout {
+	COOKIE_OP_SHIFT = 0,
+	COOKIE_OP_BITS = 16,
+	COOKIE_ADJ_SHIFT = 16,
+	COOKIE_ADJ_BITS = 16,
+	COOKIE_USER_SHIFT = 32, /* 32 bits */
+	/* An unlock probe whose address another entry point shares (glibc
+	 * 2.36's pthread_spin_init is pthread_spin_unlock) names it here. */
+	COOKIE_ALIAS_SHIFT = 32,
+	COOKIE_ALIAS_BITS = 16,
+	/* A lock probe past the entry that a branch back to the entry makes
+	 * fire again within one call (placement.Site.Refires). */
+	COOKIE_REFIRES_SHIFT = 48,
+	COOKIE_BACK_SHIFT = 32,
+	COOKIE_BACK_BITS = 24,
+	COOKIE_LEN_SHIFT = 56,
+	COOKIE_LEN_BITS = 8,
+	COOKIE_LEN_UNIT_SHIFT = 16, /* the length counts 64 KiB units */
+};
+
+#define COOKIE_FIELD(c, f) (((__u64)(c) >> f##_SHIFT) & ((1ULL << f##_BITS) - 1))
+#define COOKIE_OP(c) ((__u32)COOKIE_FIELD(c, COOKIE_OP))
+#define COOKIE_ADJ(c) ((__u32)COOKIE_FIELD(c, COOKIE_ADJ))
+#define COOKIE_USER(c) ((__u32)((__u64)(c) >> COOKIE_USER_SHIFT))
+#define COOKIE_ALIAS(c) ((__u32)COOKIE_FIELD(c, COOKIE_ALIAS))
+#define COOKIE_REFIRES(c) (((__u64)(c) >> COOKIE_REFIRES_SHIFT) & 1)
+#define COOKIE_RANGE_BACK(c) COOKIE_FIELD(c, COOKIE_BACK)
+#define COOKIE_RANGE_LEN(c) (COOKIE_FIELD(c, COOKIE_LEN) << COOKIE_LEN_UNIT_SHIFT)
+
+/* x86-64 glibc's structure layouts the probes read. */
+enum glibc_layout {
+	GLIBC_MUTEX_OWNER_OFFSET = 8, /* pthread_mutex_t.__data.__owner (hang detection) */
+	GLIBC_MUTEX_KIND_OFFSET = 16, /* pthread_mutex_t.__data.__kind */
+	GLIBC_RWLOCK_FLAGS_OFFSET = 48, /* pthread_rwlock_t.__data.__flags: the preference */
+	GLIBC_RWLOCKATTR_KIND_OFFSET = 0, /* pthread_rwlockattr_t's lockkind */
+};
 
 struct event {
 	__u32 type; /* REC_EVENT */

@@ -70,6 +70,13 @@ const (
 	OpProbeEnter
 	OpProbeExit
 
+	// Lifetimes of rwlocks and spinlocks (mutexes have theirs above).
+	// rwlock_init's Arg is the attribute's preference (0 without one).
+	OpRwlockInit
+	OpRwlockDestroy
+	OpSpinInit
+	OpSpinDestroy
+
 	opCount
 )
 
@@ -115,6 +122,10 @@ var opNames = [...]string{
 	OpExec:              "exec",
 	OpProbeEnter:        "probe_enter",
 	OpProbeExit:         "probe_exit",
+	OpRwlockInit:        "pthread_rwlock_init",
+	OpRwlockDestroy:     "pthread_rwlock_destroy",
+	OpSpinInit:          "pthread_spin_init",
+	OpSpinDestroy:       "pthread_spin_destroy",
 }
 
 // String returns the traced function's or syscall's name, as users write it.
@@ -190,6 +201,16 @@ func (o Op) IsRead() bool {
 	return false
 }
 
+// IsLockInit reports whether o starts a lock's lifetime.
+func (o Op) IsLockInit() bool {
+	return o == OpMutexInit || o == OpRwlockInit || o == OpSpinInit
+}
+
+// IsLockDestroy reports whether o ends a lock's lifetime.
+func (o Op) IsLockDestroy() bool {
+	return o == OpMutexDestroy || o == OpRwlockDestroy || o == OpSpinDestroy
+}
+
 // IsUnlock reports whether o releases a lock.
 func (o Op) IsUnlock() bool {
 	return o == OpMutexUnlock || o == OpRwlockUnlock || o == OpSpinUnlock
@@ -254,7 +275,11 @@ func (k MutexKind) String() string {
 //	mmap:          Addr (hint), Size = len, Arg = prot | flags<<32.
 //	brk:           Addr.
 //	lock calls:    Addr = the lock, Arg = MutexKind (mutexes; raw __kind),
+//	               the preference (rwlocks; glibc's __flags, 2 for
+//	               PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP),
 //	               Ret = the call's result where FlagReturn is set.
+//	init/destroy:  Addr = the lock; rwlock_init: Arg = the attribute's
+//	               preference.
 //	cond_wait:     Addr = the condition variable, Addr2 = the mutex.
 //	thread_create: Arg = the new TID.
 //	thread_exit:   Ret = exit code (processes).

@@ -171,13 +171,3 @@ func decodeAll(data []byte) ([]Record, error) {
 		recs = append(recs, *rec)
 	}
 }
-
-func countEvents(recs []Record) int {
-	n := 0
-	for i := range recs {
-		if recs[i].Kind == RecEvent {
-			n++
-		}
-	}
-	return n
-}

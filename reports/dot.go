@@ -33,8 +33,15 @@ func DOT(w io.Writer, g *Gate) error {
 			plural(len(gr.Edges), "dependency"), plural(c.Findings, "finding"))))
 	p("  node [shape=box, style=\"rounded,filled\", fillcolor=%q, fontname=\"Helvetica\", fontsize=11];\n", colorNode)
 	p("  edge [color=%q, fontname=\"Helvetica\", fontsize=9];\n", colorEdge)
+	gates := gateNodes(g.Result)
 	for i, n := range gr.Nodes {
 		attrs := []string{"label=" + dotString(n.Name), "tooltip=" + dotString(nodeTooltip(n))}
+		if ids := gates[n.Name]; len(ids) > 0 {
+			// A guarded cycle's gate: a double border, and which cycles it guards.
+			attrs[0] = "label=" + dotString(n.Name+"\n(gate)")
+			attrs[1] = "tooltip=" + dotString(nodeTooltip(n)+"; gate of "+strings.Join(ids, ", "))
+			attrs = append(attrs, "peripheries=2")
+		}
 		if n.Type == "allocator lock" {
 			attrs = append(attrs, "shape=box", "style=\"filled\"", fmt.Sprintf("fillcolor=%q", colorArena))
 		}
@@ -80,6 +87,9 @@ func edgeLabel(e analyzer.GraphEdge) string {
 	}
 	if e.Arena != "" {
 		parts = append(parts, "arena "+e.Arena)
+	}
+	if e.Hook != "" {
+		parts = append(parts, "through "+e.Hook)
 	}
 	if e.Read {
 		parts = append(parts, "read")
@@ -138,4 +148,21 @@ func graphOf(res *analyzer.Result) *analyzer.Graph {
 		}
 	}
 	return g
+}
+
+// gateNodes maps each guarded cycle's gate to the findings it guards, by
+// the gate's class name (an instance label's " #n" dropped).
+func gateNodes(res *analyzer.Result) map[string][]string {
+	out := map[string][]string{}
+	for _, f := range res.Findings {
+		if f.Gate == "" {
+			continue
+		}
+		name := f.Gate
+		if i := strings.LastIndex(name, " #"); i > 0 {
+			name = name[:i]
+		}
+		out[name] = append(out[name], f.ID)
+	}
+	return out
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 )
 
 // go test ./reports -run 'TestFixtures|TestGolden' -update rewrites the
@@ -36,16 +37,7 @@ const (
 	fxRoot      = "/src/app"
 )
 
-type fxTrace struct {
-	recs   []*events.Record
-	stacks map[string]uint32
-	pid    uint32
-	clock  uint64
-}
-
-func newFx(h *events.Header) *fxTrace {
-	h.Version = events.Version
-	h.PID = 4000
+func newFx(h *events.Header) *tracebuild.Trace {
 	h.Tool = "hooktrace test"
 	h.Host = "node01"
 	h.Clock = "CLOCK_MONOTONIC"
@@ -54,85 +46,30 @@ func newFx(h *events.Header) *fxTrace {
 	if h.Mode == "" {
 		h.Mode = "aggregate"
 	}
-	return &fxTrace{pid: 4000, clock: fxStartNS, stacks: map[string]uint32{},
-		recs: []*events.Record{{Kind: events.RecHeader, Header: h}}}
+	b := tracebuild.New(4000, h)
+	b.Clock, b.Step = fxStartNS, 1500
+	b.Program, b.FrameOffset, b.Sources = "/usr/bin/app", 8, fxSources
+	return b
 }
 
 // fxSources gives some functions a source line, as DWARF would: paths
 // under the source root, a relative one and one outside.
-var fxSources = map[string]struct {
-	file string
-	line uint32
-}{
-	"vma_tree_insert":            {fxRoot + "/rcache/vma_tree.c", 88},
-	"vma_tree_iterate":           {fxRoot + "/rcache/vma_tree.c", 142},
-	"mca_rcache_base_vma_insert": {fxRoot + "/rcache/base_vma.c", 57},
-	"release_buffers":            {"app/release.c", 31},
-	"pool_get":                   {fxRoot + "/pool/pool.c", 40},
-	"pool_put":                   {fxRoot + "/pool/pool.c", 77},
-	"cache_fill":                 {fxRoot + "/pool/cache.c", 19},
-	"cache_evict":                {fxRoot + "/pool/cache.c", 63},
-	"stats_note":                 {"/opt/vendor/stats.c", 12},
+var fxSources = map[string]tracebuild.Source{
+	"vma_tree_insert":            {File: fxRoot + "/rcache/vma_tree.c", Line: 88},
+	"vma_tree_iterate":           {File: fxRoot + "/rcache/vma_tree.c", Line: 142},
+	"mca_rcache_base_vma_insert": {File: fxRoot + "/rcache/base_vma.c", Line: 57},
+	"release_buffers":            {File: "app/release.c", Line: 31},
+	"pool_get":                   {File: fxRoot + "/pool/pool.c", Line: 40},
+	"pool_put":                   {File: fxRoot + "/pool/pool.c", Line: 77},
+	"cache_fill":                 {File: fxRoot + "/pool/cache.c", Line: 19},
+	"cache_evict":                {File: fxRoot + "/pool/cache.c", Line: 63},
+	"stats_note":                 {File: "/opt/vendor/stats.c", Line: 12},
 }
 
-// stack interns "function@object" frames, innermost first; objects
-// without a slash live in /usr/lib/x86_64-linux-gnu.
-func (b *fxTrace) stack(frames []string) uint32 {
-	if len(frames) == 0 {
-		return 0
-	}
-	key := strings.Join(frames, "|")
-	if id, ok := b.stacks[key]; ok {
-		return id
-	}
-	id := uint32(len(b.stacks) + 1)
-	b.stacks[key] = id
-	st := &events.Stack{ID: id}
-	for i, f := range frames {
-		fn, obj, ok := strings.Cut(f, "@")
-		if !ok {
-			obj = "/usr/bin/app"
-		} else if !strings.Contains(obj, "/") {
-			obj = "/usr/lib/x86_64-linux-gnu/" + obj
-		}
-		fr := events.Frame{Addr: 0x401000 + uint64(id)*0x100 + uint64(i)*8, Function: fn, Offset: uint64(8 * (i + 1)), Object: obj}
-		if src, ok := fxSources[fn]; ok {
-			fr.File, fr.Line = src.file, src.line
-		}
-		st.Frames = append(st.Frames, fr)
-	}
-	b.recs = append(b.recs, &events.Record{Kind: events.RecStack, Stack: st})
-	return id
-}
-
-func (b *fxTrace) ev(e events.Event, frames ...string) {
-	b.clock += 1500
-	e.Time = b.clock
-	e.PID = b.pid
-	e.Stack = b.stack(frames)
-	b.recs = append(b.recs, &events.Record{Kind: events.RecEvent, Event: e})
-}
-
-func (b *fxTrace) lock(tid uint32, addr uint64, frames ...string) {
-	b.ev(events.Event{TID: tid, Op: events.OpMutexLock, Flags: events.FlagAcquired, Addr: addr}, frames...)
-}
-
-func (b *fxTrace) unlock(tid uint32, addr uint64) {
-	b.ev(events.Event{TID: tid, Op: events.OpMutexUnlock, Addr: addr})
-}
-
-func (b *fxTrace) name(addr uint64, name string) {
-	b.recs = append(b.recs, &events.Record{Kind: events.RecLockName, LockName: events.LockName{PID: b.pid, Addr: addr, Name: name}})
-}
-
-func (b *fxTrace) thread(tid uint32, name string) {
-	b.recs = append(b.recs, &events.Record{Kind: events.RecThread, Thread: events.Thread{PID: b.pid, TID: tid, Name: name}})
-}
-
-func (b *fxTrace) footer() {
+// fxFooter ends a fixture: the target exited 0.
+func fxFooter(b *tracebuild.Trace) {
 	status := 0
-	b.recs = append(b.recs, &events.Record{Kind: events.RecFooter, Footer: &events.Footer{
-		EndNS: b.clock + 1000, Events: uint64(len(b.recs)), ExitStatus: &status, Reason: "target exited"}})
+	b.Footer(&events.Footer{EndNS: b.Clock + 1000, Events: uint64(len(b.Records())), ExitStatus: &status, Reason: "target exited"})
 }
 
 const (
@@ -152,121 +89,121 @@ const (
 // openMPIDeadlock is the seed bug: thread 11 holds vma_lock across
 // malloc; thread 12 frees, glibc trims the heap with its arena lock held
 // and the patched madvise's hook takes vma_lock.
-func openMPIDeadlock(b *fxTrace) {
-	b.thread(11, "mpi-send")
-	b.thread(12, "progress")
-	b.lock(11, addrVMA, "pthread_mutex_lock"+libc, "mca_rcache_base_vma_insert"+rcache, "mca_rcache_register"+rcache, "main")
-	b.ev(events.Event{TID: 11, Op: events.OpMalloc, Size: 48, Flags: events.FlagLocksHeld},
+func openMPIDeadlock(b *tracebuild.Trace) {
+	b.Thread(11, "mpi-send")
+	b.Thread(12, "progress")
+	b.Lock(11, addrVMA, "pthread_mutex_lock"+libc, "mca_rcache_base_vma_insert"+rcache, "mca_rcache_register"+rcache, "main")
+	b.Event(events.Event{TID: 11, Op: events.OpMalloc, Size: 48, Flags: events.FlagLocksHeld},
 		"malloc"+libc, "vma_tree_insert"+rcache, "mca_rcache_base_vma_insert"+rcache, "mca_rcache_register"+rcache, "main")
-	b.unlock(11, addrVMA)
-	b.ev(events.Event{TID: 12, Op: events.OpFree, Addr: 0x7f1000000010, Size: 0x20000}, "free"+libc, "release_buffers", "progress_loop")
+	b.Unlock(11, addrVMA)
+	b.Event(events.Event{TID: 12, Op: events.OpFree, Addr: 0x7f1000000010, Size: 0x20000}, "free"+libc, "release_buffers", "progress_loop")
 	inFree := events.Event{TID: 12, Flags: events.FlagInAlloc, Addr2: uint64(events.OpFree)}
 	e := inFree
 	e.Op, e.Flags, e.Addr = events.OpMutexLock, e.Flags|events.FlagAcquired, addrVMA
-	b.ev(e, "pthread_mutex_lock"+libc, "vma_tree_iterate"+rcache, "mca_rcache_base_vma_iterate"+rcache,
+	b.Event(e, "pthread_mutex_lock"+libc, "vma_tree_iterate"+rcache, "mca_rcache_base_vma_iterate"+rcache,
 		"_intercept_madvise"+rcache, "shrink_heap"+libc, "heap_trim"+libc, "_int_free"+libc, "free"+libc, "release_buffers", "progress_loop")
 	e = inFree
 	e.Op, e.Addr = events.OpMutexUnlock, addrVMA
-	b.ev(e)
+	b.Event(e)
 	e = inFree
 	e.Op, e.Addr, e.Size = events.OpMadvise, 0x7f1000020000, 0x10000
-	b.ev(e, "__madvise"+libc, "_intercept_madvise"+rcache, "shrink_heap"+libc, "heap_trim"+libc, "_int_free"+libc, "free"+libc, "release_buffers", "progress_loop")
+	b.Event(e, "__madvise"+libc, "_intercept_madvise"+rcache, "shrink_heap"+libc, "heap_trim"+libc, "_int_free"+libc, "free"+libc, "release_buffers", "progress_loop")
 }
 
 // statsHook: a munmap hook takes stats_lock inside free on a path where
 // glibc does not hold its arena lock (munmap_chunk): information only.
-func statsHook(b *fxTrace) {
-	b.thread(13, "reaper")
-	b.ev(events.Event{TID: 13, Op: events.OpFree, Addr: 0x7f3000000010, Size: 0x200000}, "free"+libc, "drop_segment", "reaper_main")
+func statsHook(b *tracebuild.Trace) {
+	b.Thread(13, "reaper")
+	b.Event(events.Event{TID: 13, Op: events.OpFree, Addr: 0x7f3000000010, Size: 0x200000}, "free"+libc, "drop_segment", "reaper_main")
 	in := events.Event{TID: 13, Flags: events.FlagInAlloc | events.FlagAcquired, Addr2: uint64(events.OpFree), Op: events.OpMutexLock, Addr: addrStats}
-	b.ev(in, "pthread_mutex_lock"+libc, "stats_note@libstats.so", "_intercept_munmap"+rcache, "munmap_chunk"+libc, "free"+libc, "drop_segment", "reaper_main")
-	b.ev(events.Event{TID: 13, Flags: events.FlagInAlloc, Addr2: uint64(events.OpFree), Op: events.OpMutexUnlock, Addr: addrStats})
+	b.Event(in, "pthread_mutex_lock"+libc, "stats_note@libstats.so", "_intercept_munmap"+rcache, "munmap_chunk"+libc, "free"+libc, "drop_segment", "reaper_main")
+	b.Event(events.Event{TID: 13, Flags: events.FlagInAlloc, Addr2: uint64(events.OpFree), Op: events.OpMutexUnlock, Addr: addrStats})
 }
 
 // timedCycle: a → b, b → c, c → a where the last wait is timed: a
 // warning (it ends in a timeout).
-func timedCycle(b *fxTrace) {
-	b.thread(21, "worker-1")
-	b.thread(22, "worker-2")
-	b.thread(23, "watchdog")
-	b.lock(21, addrA, "pthread_mutex_lock"+libc, "stage_one")
-	b.lock(21, addrB, "pthread_mutex_lock"+libc, "stage_two")
-	b.unlock(21, addrB)
-	b.unlock(21, addrA)
-	b.lock(22, addrB, "pthread_mutex_lock"+libc, "stage_two")
-	b.lock(22, addrC, "pthread_mutex_lock"+libc, "stage_three")
-	b.unlock(22, addrC)
-	b.unlock(22, addrB)
-	b.lock(23, addrC, "pthread_mutex_lock"+libc, "watchdog_tick")
-	b.ev(events.Event{TID: 23, Op: events.OpMutexTimedlock, Flags: events.FlagReturn | events.FlagAcquired, Addr: addrA},
+func timedCycle(b *tracebuild.Trace) {
+	b.Thread(21, "worker-1")
+	b.Thread(22, "worker-2")
+	b.Thread(23, "watchdog")
+	b.Lock(21, addrA, "pthread_mutex_lock"+libc, "stage_one")
+	b.Lock(21, addrB, "pthread_mutex_lock"+libc, "stage_two")
+	b.Unlock(21, addrB)
+	b.Unlock(21, addrA)
+	b.Lock(22, addrB, "pthread_mutex_lock"+libc, "stage_two")
+	b.Lock(22, addrC, "pthread_mutex_lock"+libc, "stage_three")
+	b.Unlock(22, addrC)
+	b.Unlock(22, addrB)
+	b.Lock(23, addrC, "pthread_mutex_lock"+libc, "watchdog_tick")
+	b.Event(events.Event{TID: 23, Op: events.OpMutexTimedlock, Flags: events.FlagReturn | events.FlagAcquired, Addr: addrA},
 		"pthread_mutex_timedlock"+libc, "watchdog_check")
-	b.unlock(23, addrA)
-	b.unlock(23, addrC)
+	b.Unlock(23, addrA)
+	b.Unlock(23, addrC)
 }
 
 // poolInversion: pool_get takes pool then cache; cache_evict takes cache
 // then pool (heap locks, named by where they were initialised).
-func poolInversion(b *fxTrace) {
-	b.thread(31, "alloc-1")
-	b.thread(32, "evictor")
-	b.ev(events.Event{TID: 31, Op: events.OpMutexInit, Addr: addrPool}, "pthread_mutex_init"+libc, "pool_create@libpool.so", "main")
-	b.ev(events.Event{TID: 31, Op: events.OpMutexInit, Addr: addrCache}, "pthread_mutex_init"+libc, "cache_create@libpool.so", "main")
-	b.lock(31, addrPool, "pthread_mutex_lock"+libc, "pool_get@libpool.so", "worker")
-	b.lock(31, addrCache, "pthread_mutex_lock"+libc, "cache_fill@libpool.so", "pool_get@libpool.so", "worker")
+func poolInversion(b *tracebuild.Trace) {
+	b.Thread(31, "alloc-1")
+	b.Thread(32, "evictor")
+	b.Event(events.Event{TID: 31, Op: events.OpMutexInit, Addr: addrPool}, "pthread_mutex_init"+libc, "pool_create@libpool.so", "main")
+	b.Event(events.Event{TID: 31, Op: events.OpMutexInit, Addr: addrCache}, "pthread_mutex_init"+libc, "cache_create@libpool.so", "main")
+	b.Lock(31, addrPool, "pthread_mutex_lock"+libc, "pool_get@libpool.so", "worker")
+	b.Lock(31, addrCache, "pthread_mutex_lock"+libc, "cache_fill@libpool.so", "pool_get@libpool.so", "worker")
 	// Released out of order: pool first.
-	b.unlock(31, addrPool)
-	b.unlock(31, addrCache)
-	b.lock(32, addrCache, "pthread_mutex_lock"+libc, "cache_evict@libpool.so", "evictor_main")
-	b.lock(32, addrPool, "pthread_mutex_lock"+libc, "pool_put@libpool.so", "cache_evict@libpool.so", "evictor_main")
-	b.unlock(32, addrPool)
-	b.unlock(32, addrCache)
+	b.Unlock(31, addrPool)
+	b.Unlock(31, addrCache)
+	b.Lock(32, addrCache, "pthread_mutex_lock"+libc, "cache_evict@libpool.so", "evictor_main")
+	b.Lock(32, addrPool, "pthread_mutex_lock"+libc, "pool_put@libpool.so", "cache_evict@libpool.so", "evictor_main")
+	b.Unlock(32, addrPool)
+	b.Unlock(32, addrCache)
 }
 
-func seedTrace() *fxTrace {
+func seedTrace() *tracebuild.Trace {
 	b := newFx(&events.Header{Command: []string{"./app", "--seed"}, Allocator: "glibc"})
-	b.name(addrVMA, "vma_lock (librcache.so)")
-	b.name(addrA, "lock_a (libstage.so)")
-	b.name(addrB, "lock_b (libstage.so)")
-	b.name(addrC, "lock_c (libstage.so)")
-	b.name(addrStats, "stats_lock (libstats.so)")
+	b.Name(addrVMA, "vma_lock (librcache.so)")
+	b.Name(addrA, "lock_a (libstage.so)")
+	b.Name(addrB, "lock_b (libstage.so)")
+	b.Name(addrC, "lock_c (libstage.so)")
+	b.Name(addrStats, "stats_lock (libstats.so)")
 	openMPIDeadlock(b)
 	timedCycle(b)
 	statsHook(b)
-	b.footer()
+	fxFooter(b)
 	return b
 }
 
-func regressTrace() *fxTrace {
+func regressTrace() *tracebuild.Trace {
 	b := newFx(&events.Header{Command: []string{"./app", "--regress"}, Allocator: "glibc", Mode: "full",
 		UserProbes: []string{"_intercept_madvise", "progress_loop"}})
-	b.name(addrVMA, "vma_lock (librcache.so)")
-	b.name(addrStats, "stats_lock (libstats.so)")
-	b.name(addrQueue, "queue_mutex (app)")
+	b.Name(addrVMA, "vma_lock (librcache.so)")
+	b.Name(addrStats, "stats_lock (libstats.so)")
+	b.Name(addrQueue, "queue_mutex (app)")
 	// Allocator calls with no lock held (full mode sends them).
-	b.thread(40, "main")
-	b.ev(events.Event{TID: 40, Op: events.OpMalloc, Size: 1024, Addr: 0}, "malloc"+libc, "main")
-	b.ev(events.Event{TID: 40, Op: events.OpCalloc, Size: 4096}, "calloc"+libc, "main")
-	b.ev(events.Event{TID: 40, Op: events.OpThreadCreate, Arg: 12})
+	b.Thread(40, "main")
+	b.Event(events.Event{TID: 40, Op: events.OpMalloc, Size: 1024, Addr: 0}, "malloc"+libc, "main")
+	b.Event(events.Event{TID: 40, Op: events.OpCalloc, Size: 4096}, "calloc"+libc, "main")
+	b.Event(events.Event{TID: 40, Op: events.OpThreadCreate, Arg: 12})
 	// The progress thread runs a probed progress loop, waits on a
 	// condition, and its madvise hook is probed too.
-	b.ev(events.Event{TID: 12, Op: events.OpProbeEnter, Arg: 1}, "progress_loop", "thread_start")
-	b.lock(12, addrQueue, "pthread_mutex_lock"+libc, "progress_loop", "thread_start")
-	b.ev(events.Event{TID: 12, Op: events.OpCondWait, Addr: addrCond, Addr2: addrQueue}, "pthread_cond_wait"+libc, "progress_loop")
-	b.ev(events.Event{TID: 12, Op: events.OpCondWait, Flags: events.FlagReturn, Addr: addrCond, Addr2: addrQueue}, "pthread_cond_wait"+libc, "progress_loop")
-	b.unlock(12, addrQueue)
+	b.Event(events.Event{TID: 12, Op: events.OpProbeEnter, Arg: 1}, "progress_loop", "thread_start")
+	b.Lock(12, addrQueue, "pthread_mutex_lock"+libc, "progress_loop", "thread_start")
+	b.Event(events.Event{TID: 12, Op: events.OpCondWait, Addr: addrCond, Addr2: addrQueue}, "pthread_cond_wait"+libc, "progress_loop")
+	b.Event(events.Event{TID: 12, Op: events.OpCondWait, Flags: events.FlagReturn, Addr: addrCond, Addr2: addrQueue}, "pthread_cond_wait"+libc, "progress_loop")
+	b.Unlock(12, addrQueue)
 	openMPIDeadlock(b)
-	b.ev(events.Event{TID: 12, Op: events.OpProbeExit, Flags: events.FlagReturn, Arg: 1})
+	b.Event(events.Event{TID: 12, Op: events.OpProbeExit, Flags: events.FlagReturn, Arg: 1})
 	statsHook(b)
 	poolInversion(b)
-	b.ev(events.Event{TID: 40, Op: events.OpFree, Addr: 0x7f5000000010, Size: 1040}, "free"+libc, "main")
-	b.ev(events.Event{TID: 31, Op: events.OpThreadExit})
-	b.footer()
+	b.Event(events.Event{TID: 40, Op: events.OpFree, Addr: 0x7f5000000010, Size: 1040}, "free"+libc, "main")
+	b.Event(events.Event{TID: 31, Op: events.OpThreadExit})
+	fxFooter(b)
 	return b
 }
 
 var fixtures = []struct {
 	name  string
-	build func() *fxTrace
+	build func() *tracebuild.Trace
 }{
 	{"seed", seedTrace},
 	{"regress", regressTrace},
@@ -278,7 +215,7 @@ func TestFixtures(t *testing.T) {
 	for _, fx := range fixtures {
 		var buf bytes.Buffer
 		w := events.NewWriter(&buf)
-		for _, r := range fx.build().recs {
+		for _, r := range fx.build().Records() {
 			if err := w.Write(r); err != nil {
 				t.Fatalf("%s: %v", fx.name, err)
 			}

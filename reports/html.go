@@ -162,7 +162,7 @@ ol.stack li { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monosp
 <summary><span class="sev {{sev .Severity}}">{{sev .Severity}}</span>{{.Title}}{{if .Fails}}<span class="tag fail">FAIL</span>{{end}}{{with .State}}<span class="tag">{{.}}</span>{{end}}{{if .Suppressed}}<span class="tag">suppressed</span>{{end}}</summary>
 <p class="mono muted">{{.ID}} · {{.Kind}}{{if gt .Occurrences 1}} · seen {{.Occurrences}} times{{end}}</p>
 {{with .Suppressed}}<p><strong>Suppressed</strong> by {{.Source}}: {{.Reason}}</p>{{end}}
-{{with .Cycle}}<p class="cycle">{{.}}</p>{{end}}
+{{with .Cycle}}<p class="cycle">{{.}}</p>{{end}}{{with .Gate}}<p><strong>Guarded by</strong> {{.}}: every path holds it, so the cycle cannot deadlock while that holds.</p>{{end}}
 {{if .Detail}}<p>{{.Detail}}</p>{{end}}
 {{if .Threads}}<p class="muted">threads: {{range $i, $t := .Threads}}{{if $i}}, {{end}}{{$t}}{{end}}</p>{{end}}
 {{range $i, $e := .Edges}}

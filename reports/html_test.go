@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // TestHTMLSelfContained: the page loads nothing from elsewhere.
@@ -44,16 +46,7 @@ func TestHTMLSelfContained(t *testing.T) {
 // (CI installs Debian's chromium) and skips elsewhere.
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("no chromium under CI (apt-get install -y chromium)")
-	}
-	t.Skip("no chromium: apt-get install -y chromium to run this test")
-	return ""
+	return testenv.Tool(t, "apt-get install -y chromium", "chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 }
 
 func runChromium(t *testing.T, bin string, args ...string) []byte {

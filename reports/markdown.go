@@ -128,6 +128,9 @@ func (m *mdWriter) finding(j *Judged) {
 		}
 		m.printf("**Cycle:** %s\n\n", strings.Join(parts, " → "))
 	}
+	if f.Gate != "" {
+		m.printf("**Guarded by:** %s: every path holds it, so the cycle cannot deadlock while that holds.\n\n", mdCode(f.Gate))
+	}
 	for i := range f.Edges {
 		e := &f.Edges[i]
 		m.printf("%d. **%s**: %s\n", i+1, mdEscape(threadLabel(e)), mdEscape(e.Context))

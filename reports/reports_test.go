@@ -8,42 +8,8 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
 )
-
-// stream builds records by hand; frames are "function@object".
-type stream struct {
-	recs   []*events.Record
-	stacks map[string]uint32
-}
-
-func newStream(h *events.Header) *stream {
-	h.Version, h.PID = events.Version, 4000
-	return &stream{stacks: map[string]uint32{}, recs: []*events.Record{{Kind: events.RecHeader, Header: h}}}
-}
-
-func (s *stream) ev(e events.Event, frames ...string) {
-	e.PID = 4000
-	if len(frames) > 0 {
-		key := strings.Join(frames, "|")
-		id, ok := s.stacks[key]
-		if !ok {
-			id = uint32(len(s.stacks) + 1)
-			s.stacks[key] = id
-			st := &events.Stack{ID: id}
-			for i, f := range frames {
-				fn, obj, _ := strings.Cut(f, "@")
-				fr := events.Frame{Addr: 0x401000 + uint64(id)*0x100 + uint64(i), Function: fn, Offset: 0x10, Object: "/usr/lib/" + obj}
-				if fn == "vma_tree_insert" {
-					fr.File, fr.Line = "rcache/vma_tree.c", 88
-				}
-				st.Frames = append(st.Frames, fr)
-			}
-			s.recs = append(s.recs, &events.Record{Kind: events.RecStack, Stack: st})
-		}
-		e.Stack = id
-	}
-	s.recs = append(s.recs, &events.Record{Kind: events.RecEvent, Event: e})
-}
 
 const vma = 0x601200
 
@@ -51,33 +17,27 @@ const vma = 0x601200
 // vma_lock and calls malloc; thread 12 frees, glibc trims the heap with
 // its arena lock held, and the madvise hook takes vma_lock.
 func openMPISeed(complete bool) *analyzer.Result {
-	s := newStream(&events.Header{Allocator: "glibc"})
-	s.recs = append(s.recs,
-		&events.Record{Kind: events.RecLockName, LockName: events.LockName{PID: 4000, Addr: vma, Name: "vma_lock (librcache.so)"}},
-		&events.Record{Kind: events.RecThread, Thread: events.Thread{PID: 4000, TID: 11, Name: "mpi-send"}},
-		&events.Record{Kind: events.RecThread, Thread: events.Thread{PID: 4000, TID: 12, Name: "progress"}},
-	)
-	s.ev(events.Event{TID: 11, Op: events.OpMutexLock, Flags: events.FlagAcquired, Addr: vma},
-		"pthread_mutex_lock@libc.so.6", "mca_rcache_base_vma_insert@librcache.so", "mca_rcache_register@librcache.so")
-	s.ev(events.Event{TID: 11, Op: events.OpMalloc, Size: 48},
-		"malloc@libc.so.6", "vma_tree_insert@librcache.so", "mca_rcache_base_vma_insert@librcache.so")
-	s.ev(events.Event{TID: 11, Op: events.OpMutexUnlock, Addr: vma})
-	s.ev(events.Event{TID: 12, Op: events.OpFree, Addr: 0x7f1000000010, Size: 0x20000},
-		"free@libc.so.6", "release_buffers@prog")
-	s.ev(events.Event{TID: 12, Op: events.OpMutexLock, Flags: events.FlagAcquired | events.FlagInAlloc, Addr: vma, Addr2: uint64(events.OpFree)},
+	b := tracebuild.New(4000, &events.Header{Allocator: "glibc"})
+	b.FrameOffset = 8
+	b.Sources = map[string]tracebuild.Source{"vma_tree_insert": {File: "rcache/vma_tree.c", Line: 88}}
+	b.Name(vma, "vma_lock (librcache.so)").Thread(11, "mpi-send").Thread(12, "progress")
+	b.Lock(11, vma, "pthread_mutex_lock@libc.so.6", "mca_rcache_base_vma_insert@librcache.so", "mca_rcache_register@librcache.so")
+	b.Alloc(11, events.OpMalloc, 0, 48, "malloc@libc.so.6", "vma_tree_insert@librcache.so", "mca_rcache_base_vma_insert@librcache.so")
+	b.Unlock(11, vma)
+	b.Alloc(12, events.OpFree, 0x7f1000000010, 0x20000, "free@libc.so.6", "release_buffers")
+	b.InAlloc(12, events.OpMutexLock, vma, events.OpFree,
 		"pthread_mutex_lock@libc.so.6", "vma_tree_iterate@librcache.so", "_intercept_madvise@librcache.so",
-		"shrink_heap@libc.so.6", "heap_trim@libc.so.6", "_int_free@libc.so.6", "free@libc.so.6", "release_buffers@prog")
-	s.ev(events.Event{TID: 12, Op: events.OpMutexUnlock, Addr: vma, Flags: events.FlagInAlloc, Addr2: uint64(events.OpFree)})
-	s.ev(events.Event{TID: 12, Op: events.OpMadvise, Flags: events.FlagInAlloc, Addr: 0x7f1000020000, Size: 0x10000, Addr2: uint64(events.OpFree)})
+		"shrink_heap@libc.so.6", "heap_trim@libc.so.6", "_int_free@libc.so.6", "free@libc.so.6", "release_buffers")
+	b.InAlloc(12, events.OpMutexUnlock, vma, events.OpFree)
+	b.Event(events.Event{TID: 12, Op: events.OpMadvise, Flags: events.FlagInAlloc, Addr: 0x7f1000020000, Size: 0x10000, Addr2: uint64(events.OpFree)})
 	if complete {
-		status := 0
-		s.recs = append(s.recs, &events.Record{Kind: events.RecFooter, Footer: &events.Footer{ExitStatus: &status}})
+		b.Footer(nil)
 	} else {
-		s.recs = append(s.recs, &events.Record{Kind: events.RecLost, Lost: events.Lost{Count: 1234}})
+		b.Lost(1234)
 	}
 	a := analyzer.New(analyzer.Options{})
 	a.BeginStream("rank0.htrace")
-	for _, r := range s.recs {
+	for _, r := range b.Records() {
 		a.Add(r)
 	}
 	return a.Result()
@@ -104,7 +64,7 @@ func TestTextOpenMPISeed(t *testing.T) {
 		"edge 2: glibc malloc arena → vma_lock (librcache.so)  [thread 12 (progress) in rank0.htrace]",
 		"vma_tree_insert (rcache/vma_tree.c:88)",
 		"vma_tree_iterate+0x10 (librcache.so)",
-		"shrink_heap+0x10 (libc.so.6)",
+		"shrink_heap+0x20 (libc.so.6)",
 		"glibc holds its arena lock here (shrink_heap on the stack)",
 		"possible scenario:",
 		"Thread A (as tid 11)",

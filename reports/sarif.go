@@ -180,6 +180,9 @@ var ruleInfo = []struct {
 	{analyzer.KindDeadlock, "Deadlock", "Threads were deadlocked",
 		"The traced threads were waiting for each other when the trace was taken: a real deadlock, not a potential one.",
 		"error"},
+	{analyzer.KindTraceInconsistency, "TraceInconsistency", "Trace records contradict each other",
+		"The trace holds records that cannot all be true: a thread went on after taking a non-recursive lock it held, or unlocked a lock it did not hold. An event was lost or misattributed; no finding is drawn from them.",
+		"warning"},
 }
 
 // SARIF writes the gate as a SARIF 2.1.0 log: one result per finding (the
@@ -295,6 +298,9 @@ func (lc *locator) result(j *Judged, ruleIndex map[analyzer.Kind]int) sarifResul
 	}
 	if len(f.Threads) > 0 {
 		r.Properties["threads"] = f.Threads
+	}
+	if f.Gate != "" {
+		r.Properties["gate"] = f.Gate
 	}
 	// The primary location: the first edge's site with a source line, else
 	// the first edge's site.

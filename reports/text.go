@@ -45,6 +45,10 @@ func TextGate(w io.Writer, g *Gate) error {
 		st.Events, st.LostEvents, plural(st.Threads, "thread"), plural(st.Locks, "lock"),
 		plural(st.LockClasses, "class"), plural(st.Dependencies, "lock dependency"), exitText(st))
 	p.line("calls: %s", callsText(st.Calls))
+	tc := st.TraceChecks
+	// Always printed: a tracer that starts losing events shows here.
+	p.line("trace checks: %d impossible self-deadlocks, %d unlocks of unheld locks, %d unlocks by another thread",
+		tc.ImpossibleSelfDeadlocks, tc.UnheldUnlocks, tc.ForeignUnlocks)
 	for _, warn := range st.Warnings {
 		p.line("warning: %s", warn)
 	}
@@ -234,6 +238,9 @@ func (p *printer) finding(n int, f *analyzer.Finding, verdict string) error {
 	}
 	if hook := hookText(f); hook != "" {
 		p.wrapped(in, "hook:    ", hook)
+	}
+	if f.Gate != "" {
+		p.wrapped(in, "guard:   ", "every path holds "+f.Gate+" (a guarded cycle: not a deadlock while that holds)")
 	}
 	if f.Occurrences > 1 {
 		p.line("%sseen:    %d times", in, f.Occurrences)

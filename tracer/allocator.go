@@ -1,7 +1,8 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
-	"debug/elf"
 	"path/filepath"
 	"strings"
 
@@ -12,7 +13,8 @@ import (
 // offsets. A return address in this range on a thread's stack means the
 // thread is inside an allocator call.
 type allocRange struct {
-	object string
+	obj    *symbolize.Object
+	object string // its path
 	name   string // "glibc", "jemalloc", ...
 	lo, hi uint64
 }
@@ -32,20 +34,17 @@ var glibcAllocFuncs = []string{
 // functions; any other allocator library is all allocator.
 func findAllocator(plan []site) *allocRange {
 	var object string
+	var o *symbolize.Object
 	for _, s := range plan {
 		if s.fn.name == "malloc" {
-			object = s.object
+			object, o = s.object, s.obj
 		}
 	}
-	if object == "" {
-		return nil
-	}
-	o, err := symbolize.Open(object)
-	if err != nil {
+	if o == nil {
 		return nil
 	}
 	if _, err := o.Func("_int_malloc"); err == nil || strings.HasPrefix(filepath.Base(object), "libc.so") {
-		r := &allocRange{object: object, name: "glibc"}
+		r := &allocRange{obj: o, object: object, name: "glibc"}
 		for _, name := range glibcAllocFuncs {
 			sym, err := o.Func(name)
 			if err != nil || sym.Offset == 0 {
@@ -61,19 +60,11 @@ func findAllocator(plan []site) *allocRange {
 		}
 		return r
 	}
-	r := &allocRange{object: object, name: allocatorName(object)}
-	f, err := elf.Open(object)
-	if err != nil {
+	off, size, ok := o.CodeSegment()
+	if !ok {
 		return nil
 	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 {
-			r.lo, r.hi = p.Off, p.Off+p.Filesz
-			return r
-		}
-	}
-	return nil
+	return &allocRange{obj: o, object: object, name: allocatorName(object), lo: off, hi: off + size}
 }
 
 func allocatorName(object string) string {
@@ -86,29 +77,31 @@ func allocatorName(object string) string {
 	return strings.SplitN(base, ".so", 2)[0]
 }
 
-// cookieRange encodes, for an allocator probe at file offset off, where
-// the allocator's code lies relative to it (see COOKIE_RANGE_* in BPF).
-func (r *allocRange) cookieRange(off uint64) uint64 {
+// cookieRange sets, for an allocator probe at file offset off, where the
+// allocator's code lies relative to it (see COOKIE_RANGE_* in BPF); it
+// leaves c alone when the range does not fit the cookie's fields.
+func (r *allocRange) cookieRange(c *probeCookie, off uint64) {
 	if r == nil || r.object == "" || off < r.lo {
-		return 0
+		return
 	}
 	back := off - r.lo
-	units := (r.hi - r.lo + 0xffff) >> 16
-	if back >= 1<<24 || units == 0 || units >= 1<<8 {
-		return 0
+	units := (r.hi - r.lo + 1<<cookieLenUnit - 1) >> cookieLenUnit
+	if back >= 1<<cookieBackBits || units == 0 || units >= 1<<cookieLenBits {
+		return
 	}
-	return back<<32 | units<<56
+	c.back, c.length = uint32(back), uint32(units)
 }
 
-// contains reports whether runtime address pc, in maps, is allocator code.
-func (r *allocRange) contains(maps symbolize.Maps, pc uint64) bool {
+// contains reports whether runtime address pc is allocator code: in the
+// allocator's object, as the process maps it, and inside its range.
+func (r *allocRange) contains(sym *symbolize.Symbolizer, pc uint64) bool {
 	if r == nil {
 		return false
 	}
-	m, ok := maps.Find(pc)
-	if !ok || m.Path != r.object {
+	o, vaddr, ok := sym.ObjectAt(pc)
+	if !ok || o != r.obj {
 		return false
 	}
-	off := pc - m.Start + m.Offset
-	return off >= r.lo && off < r.hi
+	off, err := o.FileOffset(vaddr)
+	return err == nil && off >= r.lo && off < r.hi
 }

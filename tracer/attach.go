@@ -1,8 +1,11 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -17,6 +20,7 @@ import (
 // of one per function makes detaching take one such wait, not forty.
 type probeBatch struct {
 	object  string
+	file    string // the path to attach through (see site.file)
 	ret     bool
 	addrs   []uint64 // file offsets
 	cookies []uint64
@@ -32,7 +36,7 @@ type probeBatch struct {
 func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocRange, placed map[string]bool, warn func(string)) ([]link.Link, []events.ProbeSite) {
 	batches := map[[2]string]*probeBatch{}
 	var order [][2]string
-	add := func(object string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
+	add := func(object, file string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
 		id := fmt.Sprintf("%d:%s:%x:%v", pid, object, addr, ret)
 		if placed[id] {
 			return
@@ -41,7 +45,7 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		key := [2]string{object, fmt.Sprint(ret)}
 		b, ok := batches[key]
 		if !ok {
-			b = &probeBatch{object: object, ret: ret}
+			b = &probeBatch{object: object, file: file, ret: ret}
 			batches[key] = b
 			order = append(order, key)
 		}
@@ -64,27 +68,33 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		}
 		op := s.fn.op
 		offset := uint64(s.choice.Offset)
-		cookie := uint64(op) | uint64(s.choice.StackAdjust)<<16
+		cookie := probeCookie{op: op, adj: uint16(s.choice.StackAdjust)}
 		note := s.choice.Note
 		if s.userIdx >= 0 {
-			cookie |= uint64(s.userIdx) << 32
-		} else if op.IsAllocator() && alloc != nil && s.object == alloc.object {
-			cookie |= alloc.cookieRange(s.sym.Offset + offset)
+			cookie.user = uint32(s.userIdx)
+		} else if op.IsAllocator() && alloc != nil && s.obj == alloc.obj {
+			alloc.cookieRange(&cookie, s.sym.Offset+offset)
+		} else if op.IsLockAcquire() && s.choice.Refires {
+			cookie.refires = true
+		} else if s.alias != events.OpNone {
+			cookie.alias = s.alias
+			note = strings.TrimPrefix(note+"; ", "; ") + "also " + s.alias.String() +
+				" (same address): a call on a lock the thread does not hold is that"
 		}
 		if s.fn.ret {
 			// The return probe hooks the entry; the entry probe goes there
 			// too, where the arguments are as the caller passed them.
 			offset, note = 0, "entry: a return probe is placed here anyway"
-			cookie = uint64(op) | uint64(s.userIdx&0xffffffff)<<32
+			cookie = probeCookie{op: op, user: userField(s.userIdx)}
 		}
-		add(s.object, false, s.sym.Offset+offset, cookie, events.ProbeSite{Name: s.fn.name, Object: s.object,
+		add(s.object, s.file, false, s.sym.Offset+offset, cookie.encode(), events.ProbeSite{Name: s.fn.name, Object: s.object,
 			Offset: offset, Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
 		if s.fn.ret && retProg != nil {
 			retOp := op
 			if op == events.OpProbeEnter {
 				retOp = events.OpProbeExit
 			}
-			add(s.object, true, s.sym.Offset, uint64(retOp)|uint64(s.userIdx&0xffffffff)<<32,
+			add(s.object, s.file, true, s.sym.Offset, probeCookie{op: retOp, user: userField(s.userIdx)}.encode(),
 				events.ProbeSite{Name: s.fn.name, Object: s.object, Address: s.sym.Value, Kind: "uretprobe"})
 		}
 	}
@@ -92,7 +102,11 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 	var sites []events.ProbeSite
 	for _, key := range order {
 		b := batches[key]
-		ex, err := link.OpenExecutable(b.object)
+		file := b.file
+		if file == "" {
+			file = b.object
+		}
+		ex, err := link.OpenExecutable(file)
 		if err != nil {
 			warn(fmt.Sprintf("opening %s: %v", b.object, err))
 			continue
@@ -112,4 +126,13 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 		sites = append(sites, b.sites...)
 	}
 	return links, sites
+}
+
+// userField is a user probe's index for its cookie; 0 for the others,
+// whose high half carries other fields.
+func userField(idx int) uint32 {
+	if idx < 0 {
+		return 0
+	}
+	return uint32(idx)
 }

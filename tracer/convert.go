@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -20,7 +22,13 @@ import (
 // event that uses it, and names threads and locks on first sight, while the
 // process is still there to ask.
 type converter struct {
-	mu sync.Mutex // guards procs for exiting, called from elsewhere
+	// mu guards procs and allocs: the reader looks processes up while the
+	// ptrace gate's goroutine places a new child's or image's probes
+	// (setAllocator) and takes an exiting process's last maps.
+	mu sync.Mutex
+	// allocs is the allocator each process uses, as the probes placed
+	// for its current image found it.
+	allocs map[uint32]*allocRange
 	// Threads and lock addresses seen, for the live status line.
 	nthreads, nlocks atomic.Int64
 	emit             func(*events.Record) error
@@ -28,7 +36,7 @@ type converter struct {
 	unw              *unwinder
 	warn             func(string)
 	procs            map[uint32]*procState
-	events           uint64
+	events           atomic.Uint64 // read by the status line
 	nextID           uint32
 	rec              events.Record
 }
@@ -37,21 +45,20 @@ type converter struct {
 // replaces it: the same addresses mean other code afterwards.
 type procState struct {
 	sym    *symbolize.Symbolizer
-	live   *liveMaps // keeps sym current while the process lives
-	alloc  *allocRange
-	stacks map[uint64]uint32 // kernel stack hash or sample id -> Stack.ID
-	// notInAlloc holds the samples whose unwound stack has no allocator
-	// frame: the kernel's quick test was fooled (a stale return slot).
-	notInAlloc map[uint64]bool
-	byFrame    map[string]uint32 // unwound frames -> Stack.ID
-	locks      map[uint64]bool
-	threads    map[uint32]bool
-	// mapsDirty: an executable mapping was made since the maps were read.
+	stacks map[uint64]uint32 // kernel stack hash -> Stack.ID
+	// samples: raw stack samples by id. The kernel names a sample again
+	// for every event on the same path (its seen_samples cache), for as
+	// long as it remembers the path.
+	samples sampleCache
+	byFrame map[string]uint32 // unwound frames -> Stack.ID
+	locks   map[uint64]bool
+	threads map[uint32]bool
+	// mapsDirty: memory was mapped or unmapped since the maps were read.
 	mapsDirty bool
 }
 
-// mapsFor returns the process's mappings, read again when code was mapped
-// since, or when pc is in none of them.
+// mapsFor returns the process's mappings, read again when memory was
+// mapped or unmapped since, or when pc is in none of them.
 func (p *procState) mapsFor(pc uint64) symbolize.Maps {
 	maps := p.sym.Maps()
 	if _, ok := maps.Find(pc); p.mapsDirty || !ok {
@@ -77,78 +84,105 @@ func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
 }
 
 func newConverter(warn func(string)) *converter {
-	return &converter{warn: warn, procs: map[uint32]*procState{}, unw: newUnwinder()}
+	return &converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*allocRange{}, unw: newUnwinder()}
 }
 
-// setAllocator records which allocator pid uses.
+// setAllocator records which allocator pid uses, and starts watching pid
+// if it is new: from Attach on, its mappings are known even if it exits
+// before the reader sees its first event.
 func (c *converter) setAllocator(pid uint32, r *allocRange) {
-	c.proc(pid).alloc = r
+	c.mu.Lock()
+	c.allocs[pid] = r
+	c.mu.Unlock()
+	c.proc(pid)
 }
 
-// watch starts afresh on pid's address space, keeping what is known of
-// its allocator (the probes were placed for the image it runs or is about
-// to exec).
+// allocator is the allocator pid uses, nil when unknown.
+func (c *converter) allocator(pid uint32) *allocRange {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.allocs[pid]
+}
+
+// watch starts afresh on pid's address space.
 func (c *converter) watch(pid uint32) *procState {
-	var alloc *allocRange
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.watchLocked(pid)
+}
+
+func (c *converter) watchLocked(pid uint32) *procState {
 	sym := symbolize.New(int(pid))
 	old, ok := c.procs[pid]
-	var live *liveMaps
 	if ok {
-		alloc, live = old.alloc, old.live
-		// Gone already: the poller's last snapshot is all there is.
+		// Gone already: the snapshot taken at its exec or exit stop (see
+		// refreshMaps) is all there is.
 		if len(sym.Maps()) == 0 {
 			sym = old.sym
 		}
-		live.sym.Store(sym)
-	} else {
-		live = startLiveMaps(pid, sym)
 	}
+	return c.start(pid, sym)
+}
+
+// start records a fresh procState for pid.
+func (c *converter) start(pid uint32, sym *symbolize.Symbolizer) *procState {
 	p := &procState{
-		sym:        sym,
-		live:       live,
-		alloc:      alloc,
-		notInAlloc: map[uint64]bool{},
-		stacks:     map[uint64]uint32{},
-		byFrame:    map[string]uint32{},
-		locks:      map[uint64]bool{},
-		threads:    map[uint32]bool{},
+		sym:     sym,
+		stacks:  map[uint64]uint32{},
+		byFrame: map[string]uint32{},
+		locks:   map[uint64]bool{},
+		threads: map[uint32]bool{},
 	}
-	c.mu.Lock()
 	c.procs[pid] = p
-	c.mu.Unlock()
 	return p
 }
 
-// exiting takes the last snapshot of pid's mappings. It runs on another
-// goroutine than the converter: it only touches the symbolizer, which
-// locks.
-func (c *converter) exiting(pid uint32) {
+// refreshMaps reads pid's mappings while pid is held at its exec or exit
+// (run's ptrace stops), with its memory intact: the reader may be far
+// behind, and a short-lived process gone, mappings and all, by the time
+// its stacks are symbolized. It runs on another goroutine than the
+// converter: it only touches the symbolizer, which locks.
+func (c *converter) refreshMaps(pid uint32) {
 	c.mu.Lock()
 	p := c.procs[pid]
 	c.mu.Unlock()
 	if p != nil {
-		p.live.sym.Load().Refresh()
+		p.sym.Refresh()
 	}
 }
 
-// close stops the maps pollers.
-func (c *converter) close() {
-	for _, p := range c.procs {
-		p.live.close()
-	}
-}
-
+// proc returns pid's state, watching it from now on if it is new.
 func (c *converter) proc(pid uint32) *procState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if p, ok := c.procs[pid]; ok {
 		return p
 	}
-	return c.watch(pid)
+	return c.watchLocked(pid)
+}
+
+// child starts watching a forked child with its parent's allocator,
+// unless the gate's placement got there first. It says whether the child
+// is new.
+func (c *converter) child(pid uint32, parent *procState, alloc *allocRange) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.procs[pid]; ok {
+		return false
+	}
+	// From its parent's mappings: a short-lived child may be gone before
+	// its maps are read.
+	c.start(pid, parent.sym.Fork(int(pid)))
+	c.allocs[pid] = alloc
+	return true
 }
 
 var (
-	sizeEvent  = int(unsafe.Sizeof(hooktraceEvent{}))
-	sizeStack  = int(unsafe.Sizeof(hooktraceStack{}))
-	sizeSample = int(unsafe.Sizeof(hooktraceSample{}))
+	sizeEvent = int(unsafe.Sizeof(hooktraceEvent{}))
+	sizeStack = int(unsafe.Sizeof(hooktraceStack{}))
+	// A sample record is sent at its used length: the header and Len
+	// bytes of Data.
+	sampleHeader = int(unsafe.Offsetof(hooktraceSample{}.Data))
 )
 
 func (c *converter) raw(b []byte) error {
@@ -156,21 +190,24 @@ func (c *converter) raw(b []byte) error {
 		return fmt.Errorf("ring buffer record of %d bytes", len(b))
 	}
 	switch binary.LittleEndian.Uint32(b) {
-	case 1:
+	case uint32(hooktraceRecTypeREC_EVENT):
 		if len(b) < sizeEvent {
 			return fmt.Errorf("short event record: %d bytes", len(b))
 		}
 		return c.event((*hooktraceEvent)(unsafe.Pointer(&b[0])))
-	case 2:
+	case uint32(hooktraceRecTypeREC_STACK):
 		if len(b) < sizeStack {
 			return fmt.Errorf("short stack record: %d bytes", len(b))
 		}
 		return c.stack((*hooktraceStack)(unsafe.Pointer(&b[0])))
-	case 3:
-		if len(b) < sizeSample {
+	case uint32(hooktraceRecTypeREC_SAMPLE):
+		if len(b) < sampleHeader {
 			return fmt.Errorf("short sample record: %d bytes", len(b))
 		}
-		return c.sample((*hooktraceSample)(unsafe.Pointer(&b[0])))
+		var r hooktraceSample
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), sampleHeader), b)
+		n := min(int(r.Len), len(b)-sampleHeader, len(r.Data))
+		return c.sample(&r, b[sampleHeader:sampleHeader+n])
 	}
 	return fmt.Errorf("unknown ring buffer record type %d", binary.LittleEndian.Uint32(b))
 }
@@ -180,8 +217,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 	op := events.Op(r.Op)
 	if op == events.OpExec {
 		// A new image: forget the old one's stacks and names.
-		c.watch(r.Pid)
-		p = c.procs[r.Pid]
+		p = c.watch(r.Pid)
 	}
 	if !p.threads[r.Tid] && op != events.OpThreadExit {
 		p.threads[r.Tid] = true
@@ -191,7 +227,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 			return err
 		}
 	}
-	if (op.IsLockAcquire() || op == events.OpMutexInit) && !p.locks[r.Addr] {
+	if (op.IsLockAcquire() || op.IsLockInit()) && !p.locks[r.Addr] {
 		p.locks[r.Addr] = true
 		c.nlocks.Add(1)
 		p.mapsFor(r.Addr)
@@ -202,31 +238,47 @@ func (c *converter) event(r *hooktraceEvent) error {
 			}
 		}
 	}
+	if op == events.OpMutexDestroy {
+		// The lifetime is over: a program that creates and destroys
+		// mutexes in a loop must not grow this set without bound.
+		delete(p.locks, r.Addr)
+	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
-		if _, ok := c.procs[uint32(r.Addr)]; !ok {
-			c.watch(uint32(r.Addr)).alloc = p.alloc
+		if c.child(uint32(r.Addr), p, c.allocator(r.Pid)) {
 			if c.onFork != nil {
 				c.onFork(uint32(r.Addr))
 			}
 		}
 	}
-	if op == events.OpMmap && r.Arg&unix.PROT_EXEC != 0 {
-		// Code is being mapped (the loader, dlopen): stacks may soon
-		// point into it.
+	switch op {
+	case events.OpMmap:
+		p.mapsDirty = true
+		if r.Arg&unix.PROT_EXEC != 0 {
+			// Code is being mapped (the loader, dlopen): read the maps
+			// now, while it is most likely still there; the reader runs
+			// behind the process, which may unmap it (dlclose) before
+			// its stacks are looked up. The event is sent on entry to
+			// the call, so the mapping may not be there yet: mapsDirty
+			// reads them again at the next lookup. Data files mapped
+			// (shared memory segments, say) wait for the next lookup.
+			p.sym.Refresh()
+		}
+	case events.OpMunmap, events.OpMremap:
 		p.mapsDirty = true
 	}
 	flags, addr2 := events.Flags(r.Flags), r.Addr2
-	stack := p.stacks[r.Stack]
+	var stack uint32
 	if r.Stack>>63 != 0 {
-		// A sample is used by one event only.
-		delete(p.stacks, r.Stack)
-		if p.notInAlloc[r.Stack] {
-			delete(p.notInAlloc, r.Stack)
+		s, ok := p.samples.get(r.Stack)
+		stack = s.stack
+		if ok && s.notInAlloc {
 			flags &^= events.FlagInAlloc
 			addr2 = 0
 		}
+	} else {
+		stack = p.stacks[r.Stack]
 	}
-	c.events++
+	c.events.Add(1)
 	c.rec = events.Record{Kind: events.RecEvent, Event: events.Event{
 		Time:  r.Time,
 		PID:   r.Pid,
@@ -256,27 +308,62 @@ func (c *converter) stack(r *hooktraceStack) error {
 	return err
 }
 
-func (c *converter) sample(r *hooktraceSample) error {
+func (c *converter) sample(r *hooktraceSample, data []byte) error {
 	p := c.proc(r.Pid)
-	n := min(int(r.Len), len(r.Data))
-	maps := p.mapsFor(r.Ip)
-	pcs, complete := c.unw.unwind(maps, r.Ip, r.Sp, r.Bp, r.Data[:n])
-	if p.alloc != nil {
+	p.mapsFor(r.Ip)
+	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, data)
+	var s sampleInfo
+	if alloc := c.allocator(r.Pid); alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
-			if p.alloc.contains(maps, pc) {
+			if alloc.contains(p.sym, pc) {
 				inside = true
 				break
 			}
 		}
-		if !inside {
-			p.notInAlloc[r.Hash] = true
-		}
+		s.notInAlloc = !inside
 	}
 	frames := p.sym.FramesInlined(pcs)
 	id, err := c.sendStack(p, frames, !complete)
-	p.stacks[r.Hash] = id
+	s.stack = id
+	p.samples.put(r.Hash, s)
 	return err
+}
+
+// sampleInfo is what an event naming a sample gets from it.
+type sampleInfo struct {
+	stack uint32
+	// notInAlloc: the unwound stack has no allocator frame; the kernel's
+	// quick test was fooled (a stale return slot).
+	notInAlloc bool
+}
+
+// sampleCache keeps the samples the kernel may still name: at least the
+// sampleKeep most recently used. The kernel's seen_samples is an LRU of
+// fewer entries, so a sample it still names is here; memory stays bounded
+// when every event brings its own sample (an unknown allocator range).
+type sampleCache struct {
+	cur, old map[uint64]sampleInfo
+}
+
+const sampleKeep = 4 * 16384
+
+func (c *sampleCache) get(id uint64) (sampleInfo, bool) {
+	if s, ok := c.cur[id]; ok {
+		return s, true
+	}
+	s, ok := c.old[id]
+	if ok {
+		c.put(id, s)
+	}
+	return s, ok
+}
+
+func (c *sampleCache) put(id uint64, s sampleInfo) {
+	if c.cur == nil || len(c.cur) >= sampleKeep {
+		c.old, c.cur = c.cur, make(map[uint64]sampleInfo)
+	}
+	c.cur[id] = s
 }
 
 // sendStack emits frames as a new stack unless the same frames were sent.

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
@@ -80,7 +84,6 @@ const (
 	futexWaitBitset  = 9
 	futexLockPI2     = 13
 	futexCmdMask     = 0x7f
-	sysFutex         = 202
 	futexTIDMask     = 0x3fffffff
 	glibcHeapMaxSize = 64 << 20 // HEAP_MAX_SIZE on 64-bit: non-main heaps are aligned to it
 )
@@ -202,7 +205,7 @@ func sampleWait(pid, tid int) (*waitSample, bool) {
 		return nil, false
 	}
 	nr, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil || nr != sysFutex {
+	if err != nil || nr != unix.SYS_FUTEX {
 		return nil, false
 	}
 	var v [9]uint64
@@ -263,7 +266,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize
 			size = int(min(uint64(size), m.End-s.sp))
 		}
 		t.data = readMem(s.sp, size)
-		pcs, complete := unwindBlocked(unw, maps, s.pc, s.sp, t.data)
+		pcs, complete := unwindBlocked(unw, sym, maps, s.pc, s.sp, t.data)
 		t.stack = &events.Stack{Frames: sym.Frames(pcs), Truncated: !complete}
 		if w.opts.ArenaHeld != nil {
 			held, _ := w.opts.ArenaHeld(t.stack)
@@ -342,10 +345,11 @@ func classifyWait(t *blockedThread, readMem func(uint64, int) []byte, mainArena 
 			t.ownerFrom = "the PI mutex's futex word"
 		}
 	case inMutexLock(t.stack):
-		// pthread_mutex_t on x86-64 glibc: __lock at 0, __owner at 8.
-		if b := readMem(t.uaddr, 12); len(b) == 12 {
+		// pthread_mutex_t on x86-64 glibc: __lock at 0, then __owner.
+		const owner = int(hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET)
+		if b := readMem(t.uaddr, owner+4); len(b) == owner+4 {
 			t.kind = "mutex"
-			t.owner = binary.LittleEndian.Uint32(b[8:])
+			t.owner = binary.LittleEndian.Uint32(b[owner:])
 			t.ownerFrom = "the mutex's __owner"
 		}
 	case mainArena(t.uaddr):
@@ -430,8 +434,8 @@ func stackHolds(data []byte, v uint64) bool {
 // stack) followed by a return address into code; the first guess with
 // which the walk reaches the end of the stack wins. With none, the short
 // stack is kept and marked truncated.
-func unwindBlocked(unw *unwinder, maps symbolize.Maps, pc, sp uint64, data []byte) ([]uint64, bool) {
-	pcs, complete := unw.unwind(maps, pc, sp, 0, data)
+func unwindBlocked(unw *unwinder, sym *symbolize.Symbolizer, maps symbolize.Maps, pc, sp uint64, data []byte) ([]uint64, bool) {
+	pcs, complete := unw.unwind(sym, pc, sp, 0, data)
 	first := append([]uint64(nil), pcs...)
 	if complete {
 		return first, true
@@ -447,7 +451,7 @@ func unwindBlocked(unw *unwinder, maps symbolize.Maps, pc, sp uint64, data []byt
 		if m, ok := maps.Find(ra); !ok || !m.Executable() {
 			continue
 		}
-		if pcs, complete := unw.unwind(maps, pc, sp, slot, data); complete && len(pcs) > len(first) {
+		if pcs, complete := unw.unwind(sym, pc, sp, slot, data); complete && len(pcs) > len(first) {
 			return append([]uint64(nil), pcs...), true
 		}
 	}

@@ -1,7 +1,8 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -10,48 +11,36 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/rcache"
 )
 
 // Hang detection reads /proc only: these tests need a C compiler and the
 // right to read a child's memory, not eBPF.
 
-func needCC(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("gcc is missing under CI")
-		}
-		t.Skip("no gcc")
-	}
-}
-
-func compileC(t *testing.T, src, name string) string {
-	t.Helper()
-	needCC(t)
-	out := filepath.Join(t.TempDir(), name)
-	if b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, b)
-	}
-	return out
-}
-
 // startWatched starts argv and watches it; the process is killed at the
-// end of the test.
-func startWatched(t *testing.T, timeout time.Duration, argv ...string) (*exec.Cmd, *HangWatcher) {
+// end of the test. exited receives its Wait's result: the only Wait, so
+// that the test and the clean-up never wait on the same process together.
+func startWatched(t *testing.T, timeout time.Duration, argv ...string) (cmd *exec.Cmd, w *HangWatcher, exited <-chan error) {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd = exec.Command(argv[0], argv[1:]...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w := WatchHang(cmd.Process.Pid, HangOptions{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
+	w = WatchHang(cmd.Process.Pid, HangOptions{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
 		Warn: func(s string) { t.Log(s) }})
+	result := make(chan error, 1)
+	waited := make(chan struct{})
+	go func() {
+		result <- cmd.Wait()
+		close(waited)
+	}()
 	t.Cleanup(func() {
 		w.Stop()
 		cmd.Process.Kill()
-		cmd.Wait()
+		<-waited
 	})
-	return cmd, w
+	return cmd, w, result
 }
 
 func hangThread(h *events.Hang, lock string) *events.HangThread {
@@ -84,9 +73,9 @@ func framesText(frames []events.Frame) string {
 // other's. The hang names both locks by their symbols, each waiter's owner
 // from the mutex's __owner, and whole stacks with the program's functions.
 func TestHangFindsABBA(t *testing.T) {
-	prog := compileC(t, filepath.Join("..", "testdata", "deadlock.c"), "deadlock")
+	prog := testenv.Program(t, "deadlock")
 	start := time.Now()
-	cmd, w := startWatched(t, 500*time.Millisecond, prog)
+	cmd, w, _ := startWatched(t, 500*time.Millisecond, prog)
 	var h *events.Hang
 	select {
 	case h = <-w.Found():
@@ -148,8 +137,7 @@ func TestHangFindsABBA(t *testing.T) {
 // TestHangNeedsACycle: a thread that holds a mutex while it sleeps keeps
 // another blocked for longer than the timeout, but that is no deadlock.
 func TestHangNeedsACycle(t *testing.T) {
-	src := filepath.Join(t.TempDir(), "slow.c")
-	os.WriteFile(src, []byte(`#include <pthread.h>
+	prog := testenv.C{Name: "slow", Code: `#include <pthread.h>
 #include <unistd.h>
 pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *waiter(void *a) { (void)a; usleep(100000); pthread_mutex_lock(&slow_lock); pthread_mutex_unlock(&slow_lock); return 0; }
@@ -162,11 +150,8 @@ int main(void) {
 	pthread_join(t, 0);
 	return 0;
 }
-`), 0o644)
-	prog := compileC(t, src, "slow")
-	cmd, w := startWatched(t, 300*time.Millisecond, prog)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+`}.Build(t)
+	_, w, exited := startWatched(t, 300*time.Millisecond, prog)
 	select {
 	case h := <-w.Found():
 		t.Fatalf("reported a deadlock for a slow lock holder: %+v", h)
@@ -182,15 +167,13 @@ int main(void) {
 // TestHangFindsSelfDeadlock: a thread waiting for a normal mutex it
 // holds is a cycle of one.
 func TestHangFindsSelfDeadlock(t *testing.T) {
-	src := filepath.Join(t.TempDir(), "self.c")
-	os.WriteFile(src, []byte(`#include <pthread.h>
+	prog := testenv.C{Name: "self", Code: `#include <pthread.h>
 pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
 volatile int reloads;
 __attribute__((noinline)) static void reload_config(void) { pthread_mutex_lock(&config_lock); reloads++; }
 int main(void) { pthread_mutex_lock(&config_lock); reload_config(); return 0; }
-`), 0o644)
-	prog := compileC(t, src, "self")
-	cmd, w := startWatched(t, 300*time.Millisecond, prog)
+`}.Build(t)
+	cmd, w, _ := startWatched(t, 300*time.Millisecond, prog)
 	select {
 	case h := <-w.Found():
 		th := hangThread(h, "config_lock (self)")
@@ -212,15 +195,15 @@ int main(void) { pthread_mutex_lock(&config_lock); reload_config(); return 0; }
 // owner. The owner must be found from the stacks: the thread inside free()
 // whose hook waits for vma_lock. The deadlock is a race: three chances.
 func TestHangFindsArenaOwner(t *testing.T) {
-	needCC(t)
+	if _, err := rcache.Compiler(); err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
 	b, err := rcache.Build(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
-		cmd, w := startWatched(t, time.Second, b.Workload, "--variant", "legacy", "--stress", "--seconds", "20", "--watchdog", "60")
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
+		_, w, exited := startWatched(t, time.Second, b.Workload, "--variant", "legacy", "--stress", "--seconds", "20", "--watchdog", "60")
 		var h *events.Hang
 		select {
 		case h = <-w.Found():

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
@@ -7,47 +9,19 @@ import (
 
 // unwinder unwinds raw stack samples with the call-frame information of
 // the mapped objects: glibc has no frame pointers, and the path through it
-// decides whether it holds its arena lock.
+// decides whether it holds its arena lock. The CFI comes from the
+// symbolizer's objects, so from the files the process really mapped, the
+// same ones its stacks are symbolized with.
 type unwinder struct {
-	objs map[string]*unwind.Object // by path; nil when it could not be read
-	pcs  []uint64
+	pcs []uint64
 }
 
-func newUnwinder() *unwinder {
-	return &unwinder{objs: map[string]*unwind.Object{}}
-}
-
-func (u *unwinder) object(path string) *unwind.Object {
-	if o, ok := u.objs[path]; ok {
-		return o
-	}
-	o, err := unwind.Open(path)
-	if err != nil {
-		o = nil
-	}
-	u.objs[path] = o
-	return o
-}
+func newUnwinder() *unwinder { return &unwinder{} }
 
 // unwind returns the sample's PCs, the IP first, and whether the walk
 // reached the end of the stack.
-func (u *unwinder) unwind(maps symbolize.Maps, ip, sp, bp uint64, data []byte) ([]uint64, bool) {
-	resolve := func(addr uint64) (*unwind.Object, uint64, bool) {
-		m, ok := maps.Find(addr)
-		if !ok || !m.IsFile() {
-			return nil, 0, false
-		}
-		o := u.object(m.Path)
-		if o == nil {
-			return nil, 0, false
-		}
-		bias, err := o.LoadBias(m.Start, m.Offset)
-		if err != nil {
-			return nil, 0, false
-		}
-		return o, bias, true
-	}
+func (u *unwinder) unwind(sym *symbolize.Symbolizer, ip, sp, bp uint64, data []byte) ([]uint64, bool) {
 	var reason string
-	u.pcs, reason = unwind.AppendUnwind(u.pcs[:0], unwind.Sample{IP: ip, SP: sp, BP: bp, Stack: data}, resolve, 64)
+	u.pcs, reason = unwind.AppendUnwind(u.pcs[:0], unwind.Sample{IP: ip, SP: sp, BP: bp, Stack: data}, sym.ResolveCFI, 64)
 	return u.pcs, reason == unwind.ReasonEndOfStack
 }

@@ -1,7 +1,8 @@
+//go:build linux && amd64
+
 package tracer
 
 import (
-	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,83 +23,119 @@ type probeFunc struct {
 }
 
 // The return probe is placed only where the result matters: whether a try
-// or timed lock was taken, and when cond_wait takes its mutex back.
-var probeFuncs = []probeFunc{
-	{"malloc", events.OpMalloc, 1, false},
-	{"calloc", events.OpCalloc, 2, false},
-	{"realloc", events.OpRealloc, 2, false},
-	{"free", events.OpFree, 1, false},
-	{"posix_memalign", events.OpPosixMemalign, 3, false},
-	{"aligned_alloc", events.OpAlignedAlloc, 2, false},
-	{"memalign", events.OpMemalign, 2, false},
-	{"valloc", events.OpValloc, 1, false},
-	{"pvalloc", events.OpPvalloc, 1, false},
-	{"pthread_mutex_lock", events.OpMutexLock, 1, false},
-	{"pthread_mutex_trylock", events.OpMutexTrylock, 1, true},
-	{"pthread_mutex_timedlock", events.OpMutexTimedlock, 1, true},
-	{"pthread_mutex_clocklock", events.OpMutexClocklock, 1, true},
-	{"pthread_mutex_unlock", events.OpMutexUnlock, 1, false},
-	{"pthread_mutex_init", events.OpMutexInit, 1, false},
-	{"pthread_mutex_destroy", events.OpMutexDestroy, 1, false},
-	{"pthread_rwlock_rdlock", events.OpRwlockRdlock, 1, false},
-	{"pthread_rwlock_wrlock", events.OpRwlockWrlock, 1, false},
-	{"pthread_rwlock_tryrdlock", events.OpRwlockTryrdlock, 1, true},
-	{"pthread_rwlock_trywrlock", events.OpRwlockTrywrlock, 1, true},
-	{"pthread_rwlock_timedrdlock", events.OpRwlockTimedrdlock, 1, true},
-	{"pthread_rwlock_timedwrlock", events.OpRwlockTimedwrlock, 1, true},
-	{"pthread_rwlock_clockrdlock", events.OpRwlockClockrdlock, 1, true},
-	{"pthread_rwlock_clockwrlock", events.OpRwlockClockwrlock, 1, true},
-	{"pthread_rwlock_unlock", events.OpRwlockUnlock, 1, false},
-	{"pthread_spin_lock", events.OpSpinLock, 1, false},
-	{"pthread_spin_trylock", events.OpSpinTrylock, 1, true},
-	{"pthread_spin_unlock", events.OpSpinUnlock, 1, false},
-	{"pthread_cond_wait", events.OpCondWait, 2, true},
-	{"pthread_cond_timedwait", events.OpCondTimedwait, 2, true},
+// or timed lock was taken, and when cond_wait takes its mutex back. Each
+// function is named by its op (events.Op.String is the function's name), so
+// the op list in bpf/hooktrace.h, events.Op and this list cannot drift apart
+// (tracer/contract_test.go checks the first two).
+var probeFuncs = named([]probeFunc{
+	{op: events.OpMalloc, args: 1},
+	{op: events.OpCalloc, args: 2},
+	{op: events.OpRealloc, args: 2},
+	{op: events.OpFree, args: 1},
+	{op: events.OpPosixMemalign, args: 3},
+	{op: events.OpAlignedAlloc, args: 2},
+	{op: events.OpMemalign, args: 2},
+	{op: events.OpValloc, args: 1},
+	{op: events.OpPvalloc, args: 1},
+	{op: events.OpMutexLock, args: 1},
+	{op: events.OpMutexTrylock, args: 1, ret: true},
+	{op: events.OpMutexTimedlock, args: 1, ret: true},
+	{op: events.OpMutexClocklock, args: 1, ret: true},
+	{op: events.OpMutexUnlock, args: 1},
+	{op: events.OpMutexInit, args: 1},
+	{op: events.OpMutexDestroy, args: 1},
+	{op: events.OpRwlockRdlock, args: 1},
+	{op: events.OpRwlockWrlock, args: 1},
+	{op: events.OpRwlockTryrdlock, args: 1, ret: true},
+	{op: events.OpRwlockTrywrlock, args: 1, ret: true},
+	{op: events.OpRwlockTimedrdlock, args: 1, ret: true},
+	{op: events.OpRwlockTimedwrlock, args: 1, ret: true},
+	{op: events.OpRwlockClockrdlock, args: 1, ret: true},
+	{op: events.OpRwlockClockwrlock, args: 1, ret: true},
+	{op: events.OpRwlockUnlock, args: 1},
+	{op: events.OpSpinLock, args: 1},
+	{op: events.OpSpinTrylock, args: 1, ret: true},
+	{op: events.OpSpinUnlock, args: 1},
+	{op: events.OpCondWait, args: 2, ret: true},
+	{op: events.OpCondTimedwait, args: 2, ret: true},
+	{op: events.OpRwlockInit, args: 2},
+	{op: events.OpRwlockDestroy, args: 1},
+	{op: events.OpSpinInit, args: 1},
+	{op: events.OpSpinDestroy, args: 1},
+})
+
+func named(fs []probeFunc) []probeFunc {
+	for i := range fs {
+		fs[i].name = fs[i].op.String()
+	}
+	return fs
 }
 
 // site is one function in one object, ready to attach.
 type site struct {
-	fn      probeFunc
-	object  string // path
+	fn     probeFunc
+	object string // path
+	obj    *symbolize.Object
+	// file is the path to attach through: for an object pid maps, a
+	// handle on the mapped file (/proc/PID/map_files/...), since a uprobe
+	// goes on the file its path names when it is attached.
+	file    string
 	sym     symbolize.Symbol
 	userIdx int // for user probes: index into Header.UserProbes
-	code    []byte
-	choice  placement.Site
-	live    uint64 // the function's runtime address, 0 when not mapped yet
+	// alias is an init whose entry point is this unlock's address (glibc
+	// 2.36's pthread_spin_init is pthread_spin_unlock); OpNone for most.
+	alias  events.Op
+	code   []byte
+	choice placement.Site
+	live   uint64 // the function's runtime address, 0 when not mapped yet
 }
 
 // planSites finds, for each traced function, the object that really
 // provides it to pid (the first definition in the loader's search order: a
 // preloaded or linked-in allocator wins over glibc's), and the offset to
 // probe at.
-func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func(string)) ([]site, error) {
+func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]site, error) {
 	// One read of the mappings serves the search order and every site's
 	// live address; a child not yet exec'd maps none of the target's.
 	maps, _ := symbolize.ReadMaps(pid)
-	objs, err := searchOrder(pid, exe, maps)
-	if err != nil {
-		return nil, err
-	}
-	// A uretprobe swaps a return address on the stack, and Go moves and
-	// walks its goroutine stacks: return probes would corrupt them.
-	goTarget := symbolize.ExeIsGo(objs[0])
-	if goTarget {
-		warn(fmt.Sprintf("%s is a Go program: no return probes are placed (they corrupt Go stacks), so try and timed lock results, cond_wait's retake and --probe exits are not traced", objs[0]))
-	}
+	// Each object is read from the file pid maps, when it maps it: the
+	// same file (and the same cached Object) its stacks are symbolized and
+	// unwound with, even if its path now names another one.
 	opened := map[string]*symbolize.Object{}
+	via := map[string]string{}
 	open := func(path string) *symbolize.Object {
 		if o, ok := opened[path]; ok {
 			return o
 		}
-		o, err := symbolize.Open(path)
+		var o *symbolize.Object
+		var err error
+		via[path] = path
+		if m, ok := fileMapping(maps, path); ok {
+			o, via[path], err = symbolize.OpenMapped(pid, m)
+		} else {
+			o, err = symbolize.OpenIn(pid, path)
+		}
 		if err != nil {
 			warn(fmt.Sprintf("reading %s: %v", path, err))
 		}
 		opened[path] = o
 		return o
 	}
+	objs, err := searchOrder(pid, exe, maps, open)
+	if err != nil {
+		return nil, err
+	}
+	// A uretprobe swaps a return address on the stack, and Go moves and
+	// walks its goroutine stacks: return probes would corrupt them.
+	goTarget := false
+	if o := open(objs[0]); o != nil {
+		goTarget = o.IsGo()
+	}
+	if goTarget {
+		warn(fmt.Sprintf("%s is a Go program: no return probes are placed (they corrupt Go stacks), so try and timed lock results, cond_wait's retake and --probe exits are not traced", objs[0]))
+	}
 	var plan []site
-	seen := map[string]bool{} // object:address, so aliases are probed once
+	seen := map[string]int{} // object:address -> plan index, so aliases are probed once
 	for _, fn := range probeFuncs {
 		for _, path := range objs {
 			o := open(path)
@@ -110,9 +147,15 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 				continue
 			}
 			key := fmt.Sprintf("%s:%x", path, sym.Value)
-			if !seen[key] {
-				seen[key] = true
-				plan = append(plan, site{fn: fn, object: path, sym: sym, userIdx: -1})
+			i, dup := seen[key]
+			switch {
+			case !dup:
+				seen[key] = len(plan)
+				plan = append(plan, site{fn: fn, object: path, obj: o, file: via[path], sym: sym, userIdx: -1})
+			case plan[i].fn.op.IsUnlock() && fn.op.IsLockInit():
+				plan[i].alias = fn.op
+			case plan[i].fn.op.IsLockInit() && fn.op.IsUnlock():
+				plan[i].alias, plan[i].fn = plan[i].fn.op, fn
 			}
 			break
 		}
@@ -136,7 +179,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 				continue
 			}
 			plan = append(plan, site{fn: probeFunc{name: name, op: events.OpProbeEnter, ret: true},
-				object: path, sym: sym, userIdx: i})
+				object: path, obj: o, file: via[path], sym: sym, userIdx: i})
 			found = true
 			break
 		}
@@ -146,12 +189,12 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 	}
 	for i := range plan {
 		s := &plan[i]
-		s.code, err = functionCode(s.object, s.sym)
+		s.code, err = functionCode(s.obj, s.sym)
 		if err != nil {
 			warn(fmt.Sprintf("reading %s in %s: %v", s.fn.name, s.object, err))
 			continue
 		}
-		if s.userIdx < 0 && !atEntry {
+		if s.userIdx < 0 {
 			s.choice = placement.Choose(s.code, s.fn.args)
 		}
 		if goTarget {
@@ -167,7 +210,7 @@ func planSites(pid int, exe string, userProbes []string, atEntry bool, warn func
 // breadth first, as `ld.so --list` prints them; then anything else mapped
 // (dlopen'ed). For a gated child the executable is exe; for a running
 // process it is /proc/PID/exe and its environment is the process's.
-func searchOrder(pid int, exe string, maps symbolize.Maps) ([]string, error) {
+func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *symbolize.Object) ([]string, error) {
 	var env []string
 	// A gated child maps hooktrace's own binary until its exec: only the
 	// objects exe will load are the target's.
@@ -200,7 +243,11 @@ func searchOrder(pid int, exe string, maps symbolize.Maps) ([]string, error) {
 			objs = append(objs, p)
 		}
 	}
-	if interp := interpreter(exe); interp != "" {
+	interp := ""
+	if o := open(exe); o != nil {
+		interp = o.Interpreter()
+	}
+	if interp != "" {
 		cmd := exec.Command(interp, "--list", exe)
 		cmd.Env = env
 		out, err := cmd.Output()
@@ -237,23 +284,6 @@ func parseLdList(out string) []string {
 	return paths
 }
 
-func interpreter(exe string) string {
-	f, err := elf.Open(exe)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			b := make([]byte, p.Filesz)
-			if _, err := p.ReadAt(b, 0); err == nil {
-				return strings.TrimRight(string(b), "\x00")
-			}
-		}
-	}
-	return ""
-}
-
 // loaderEnv is the part of pid's environment that steers the loader.
 func loaderEnv(pid int) []string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
@@ -280,6 +310,16 @@ func mappedObjects(maps symbolize.Maps) []string {
 	return out
 }
 
+// fileMapping returns a mapping of the file at path, when maps has one.
+func fileMapping(maps symbolize.Maps, path string) (symbolize.Mapping, bool) {
+	for _, m := range maps {
+		if m.IsFile() && m.Path == path {
+			return m, true
+		}
+	}
+	return symbolize.Mapping{}, false
+}
+
 // liveAddress is where the file offset off of object is mapped, or 0 when
 // it is not mapped (yet).
 func liveAddress(maps symbolize.Maps, object string, off uint64) uint64 {
@@ -293,20 +333,15 @@ func liveAddress(maps symbolize.Maps, object string, off uint64) uint64 {
 
 // functionCode reads a function's bytes from its file: the placement needs
 // the whole body to see branches back to the chosen site.
-func functionCode(path string, sym symbolize.Symbol) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+func functionCode(o *symbolize.Object, sym symbolize.Symbol) ([]byte, error) {
 	n := sym.Size
 	if n == 0 || n > 4096 {
 		n = 4096
 	}
 	b := make([]byte, n)
-	m, err := f.ReadAt(b, int64(sym.Offset))
+	m, err := o.ReadAt(b, int64(sym.Offset))
 	if m == 0 && err != nil {
-		return nil, fmt.Errorf("reading %s at %#x: %w", path, sym.Offset, err)
+		return nil, fmt.Errorf("reading %s at %#x: %w", o.Path(), sym.Offset, err)
 	}
 	return b[:m], nil
 }

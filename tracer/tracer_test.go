@@ -1,14 +1,17 @@
+//go:build linux && amd64
+
 package tracer_test
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -20,27 +23,7 @@ func init() {
 	}
 }
 
-func requireBPF(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("eBPF unavailable under CI: not root")
-	}
-	t.Skip("eBPF unavailable: not root")
-}
-
-func buildC(t *testing.T, name string) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), name)
-	b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out,
-		filepath.Join("..", "testdata", name+".c")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("gcc: %v\n%s", err, b)
-	}
-	return out
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // trace runs prog under the tracer and returns its records.
 func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Record, tr *tracer.Tracer) {
@@ -73,11 +56,31 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 			return nil
 		})
 	}()
+	// What the CLI's status line reads while the reader runs, read the
+	// same way, so that go test -race checks it.
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+				tr.Events()
+				tr.Seen()
+				tr.Calls()
+				tr.Lost()
+				tr.Sites()
+				tr.Allocator()
+			}
+		}
+	}()
 	if err := g.Open(); err != nil {
 		t.Fatal(err)
 	}
 	g.Cmd.Wait()
 	close(stop)
+	<-polled
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -85,8 +88,8 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 }
 
 func TestTracerSeesMallocsUnderLock(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "mallocs")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "mallocs")
 	recs, tr := trace(t, tracer.Options{Mode: tracer.ModeFull}, prog)
 	stacks := map[uint32]*events.Stack{}
 	n := 0

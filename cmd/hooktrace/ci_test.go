@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // The CI-gate tests run the real binary on the committed fixture traces
@@ -264,21 +265,10 @@ func TestExpandPath(t *testing.T) {
 // traced by its own hooktrace writing trace-%r.htr, then analyzes the
 // traces merged: one finding, seen in both ranks.
 func TestMPIRun(t *testing.T) {
-	requireBPF(t)
-	mpirun, err1 := exec.LookPath("mpirun")
-	mpicc, err2 := exec.LookPath("mpicc")
-	if err1 != nil || err2 != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("no mpirun/mpicc under CI (apt-get install -y openmpi-bin libopenmpi-dev)")
-		}
-		t.Skip("no Open MPI: apt-get install -y openmpi-bin libopenmpi-dev")
-	}
+	testenv.RequireBPF(t)
+	mpirun := testenv.Tool(t, "apt-get install -y openmpi-bin libopenmpi-dev", "mpirun")
+	prog := testenv.C{Compiler: "mpicc", Source: filepath.Join("testdata", "mpi_ranks.c")}.Build(t)
 	dir := t.TempDir()
-	prog := filepath.Join(dir, "mpi_ranks")
-	if out, err := exec.Command(mpicc, "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", prog,
-		filepath.Join("testdata", "mpi_ranks.c")).CombinedOutput(); err != nil {
-		t.Fatalf("mpicc: %v\n%s", err, out)
-	}
 	cmd := exec.Command(mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2",
 		hooktraceBin, "run", "--fail-on", "none", "--report", "rank-%r.md", "-o", "trace-%r.htr", "--", prog)
 	cmd.Dir = dir

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/analyzer"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // stackIndex is the position of the first frame whose function is one of
@@ -27,7 +28,7 @@ func stackIndex(e *analyzer.Edge, fns ...string) int {
 // potential deadlock through vma_lock and glibc's arena lock, with the two
 // stacks that tell the story; the fixed cache has no error finding.
 func TestDemo(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	start := time.Now()
 	stdout, stderr, code := hooktrace(t, nil, "demo", "--format", "json", "--cache-dir", t.TempDir())
 	t.Logf("demo took %v", time.Since(start).Round(time.Millisecond))
@@ -137,7 +138,7 @@ func TestDemoUsage(t *testing.T) {
 // vma_lock held; the fixed cache runs the same stress to its end. The
 // deadlock is a race: two chances.
 func TestDemoStress(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	cache := t.TempDir()
 	for attempt := 1; attempt <= 2; attempt++ {
 		start := time.Now()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // The end-to-end tests run the real hooktrace binary, with real probes,
@@ -34,46 +35,19 @@ func TestMain(m *testing.M) {
 	hooktraceBin = filepath.Join(dir, "hooktrace")
 	build := exec.Command("go", "build", "-o", hooktraceBin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if raceBuild {
+		// The race detector needs cgo.
+		build = exec.Command("go", "build", "-race", "-o", hooktraceBin, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	}
 	out, err := build.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building hooktrace: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := testenv.Run(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// requireBPF stops a test that cannot load BPF programs here: a failure
-// under CI, a skip elsewhere.
-func requireBPF(t *testing.T) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		why = "no kernel BTF"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("eBPF unavailable under CI: %s", why)
-	}
-	t.Skipf("eBPF unavailable: %s", why)
-}
-
-// buildC compiles testdata/NAME.c the way HPC code is often built for
-// debugging: with frame pointers and DWARF.
-func buildC(t *testing.T, name string, extra ...string) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), name)
-	args := append([]string{"-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out,
-		filepath.Join("..", "..", "testdata", name+".c")}, extra...)
-	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("gcc %s: %v\n%s", name, err, b)
-	}
-	return out
 }
 
 // hooktrace runs the binary and returns stdout, stderr and the exit code.
@@ -186,8 +160,8 @@ func stackString(s *events.Stack) string {
 // mode sends the pattern (lock, malloc under it, from worker_alloc) once
 // and counts its repeats in the kernel, as lockdep's chain cache does.
 func TestRunCountsEveryMalloc(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "mallocs")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "mallocs")
 	for _, mode := range []string{"full", "aggregate"} {
 		t.Run(mode, func(t *testing.T) {
 			trace := filepath.Join(t.TempDir(), "m.htr")
@@ -261,8 +235,8 @@ func TestRunCountsEveryMalloc(t *testing.T) {
 // TestAttachLeavesTargetRight attaches to a program that checks its own
 // arithmetic, detaches, and the program must still give the right answer.
 func TestAttachLeavesTargetRight(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "arith")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "arith")
 	cmd := exec.Command(prog)
 	stdin, _ := cmd.StdinPipe()
 	stdoutPipe, _ := cmd.StdoutPipe()
@@ -309,8 +283,8 @@ func TestAttachLeavesTargetRight(t *testing.T) {
 // TestUserErrors: each error a user will hit gets one clear line and its
 // own exit code.
 func TestUserErrors(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "mallocs")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "mallocs")
 	cases := []struct {
 		name string
 		args []string

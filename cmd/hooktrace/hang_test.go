@@ -14,6 +14,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // findingsOf decodes a JSON report's findings.
@@ -95,8 +96,8 @@ func checkDeadlockFinding(t *testing.T, fs []analyzer.Finding) *analyzer.Finding
 // hang run: hang detection reports the deadlock, kills the target, and the
 // trace explains it offline just as live.
 func TestRunCatchesRealDeadlock(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "deadlock")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "deadlock")
 	trace := filepath.Join(t.TempDir(), "t.htr")
 	start := time.Now()
 	stdout, _, stderr, code := runJSON(t, "--hang-timeout", "2s", "-o", trace, "--", prog)
@@ -149,8 +150,8 @@ func TestRunCatchesRealDeadlock(t *testing.T) {
 // TestAttachDetachesFromDeadlock: attach's default on a hang is to report
 // and detach; the target is left as it was, still there.
 func TestAttachDetachesFromDeadlock(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "deadlock")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "deadlock")
 	cmd := exec.Command(prog)
 	stderrPipe, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
@@ -183,8 +184,8 @@ func TestAttachDetachesFromDeadlock(t *testing.T) {
 }
 
 func TestHangFlagErrors(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "deadlock")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "deadlock")
 	for _, c := range []struct {
 		args []string
 		says string

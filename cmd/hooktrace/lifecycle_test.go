@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/hooktrace/hooktrace/internal/testenv"
+
 	"bufio"
 	"encoding/json"
 	"errors"
@@ -48,9 +50,9 @@ func parseLifecycle(t *testing.T, report string) lifecycleReport {
 // The target's stdout is its own: the report goes to stderr or a file.
 // (A target killed by hang detection gives 137: TestRunCatchesRealDeadlock.)
 func TestRunExitStatus(t *testing.T) {
-	requireBPF(t)
-	life := buildC(t, "lifecycle")
-	inversion := buildC(t, "inversion")
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
+	inversion := testenv.Program(t, "inversion")
 	cases := []struct {
 		name   string
 		flags  []string
@@ -92,8 +94,8 @@ func TestRunExitStatus(t *testing.T) {
 // file, and parses; asked for on stdout, it is a usage error, since the
 // target writes there.
 func TestRunReportNeverOnStdout(t *testing.T) {
-	requireBPF(t)
-	life := buildC(t, "lifecycle")
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
 	_, stderr, code := hooktrace(t, nil, "run", "--format", "json", "--", life, "exit", "0")
 	if code != exitUsage || !strings.Contains(stderr, "--report json:FILE") {
 		t.Errorf("run --format json: exit %d, stderr %q; want exit 2 naming --report", code, stderr)
@@ -202,8 +204,8 @@ func waitFile(t *testing.T, path string, s *started) string {
 // are live; stderr says where they were placed. For run it is written
 // before the target runs: a stale one is removed at start.
 func TestReadyFile(t *testing.T) {
-	requireBPF(t)
-	life := buildC(t, "lifecycle")
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
 	t.Run("run", func(t *testing.T) {
 		dir := t.TempDir()
 		ready, report := filepath.Join(dir, "ready"), filepath.Join(dir, "r.json")
@@ -274,8 +276,8 @@ func TestReadyFile(t *testing.T) {
 // a lost node) leaves a readable trace: the header, and the records
 // flushed within a second even though no more arrive. The target runs on.
 func TestKilledTracerKeepsTrace(t *testing.T) {
-	requireBPF(t)
-	life := buildC(t, "lifecycle")
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
 	dir := t.TempDir()
 	trace, ready := filepath.Join(dir, "t.htr"), filepath.Join(dir, "ready")
 	s := startHooktrace(t, hooktraceBin, "run", "-o", trace, "--ready-file", ready, "--", life, "wait")
@@ -333,8 +335,8 @@ func countLocks(t *testing.T, path string) int {
 // passed on to the target; the trace and the report are finished after it
 // exits and run exits with its status, 128+N.
 func TestStopRun(t *testing.T) {
-	requireBPF(t)
-	life := buildC(t, "lifecycle")
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
 	if _, err := exec.LookPath("timeout"); err != nil {
 		t.Fatalf("timeout(1) not found: %v", err)
 	}
@@ -387,8 +389,8 @@ func TestStopRun(t *testing.T) {
 // yet reaped) is exit 5 saying so; a --probe that the target lacks is exit
 // 7, before it runs, even when hooktrace's own binary has the symbol.
 func TestAttachErrors(t *testing.T) {
-	requireBPF(t)
-	life := buildC(t, "lifecycle")
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
 	zombie := exec.Command(life, "exit", "0")
 	if err := zombie.Start(); err != nil {
 		t.Fatal(err)
@@ -418,8 +420,8 @@ func TestAttachErrors(t *testing.T) {
 // its metadata and on stderr, how many calls were only counted and how to
 // record them; a full trace has none such.
 func TestExportSaysWhatIsCounted(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "mallocs")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "mallocs")
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
 			dir := t.TempDir()
@@ -466,8 +468,8 @@ func TestExportSaysWhatIsCounted(t *testing.T) {
 // deadlock and exits 1 (--error-exitcode) without waiting: the target did
 // not finish, whatever --fail-on says. It is left deadlocked, as asked.
 func TestRunLeavesDeadlockedTarget(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "deadlock")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "deadlock")
 	dir := t.TempDir()
 	ready, report := filepath.Join(dir, "ready"), filepath.Join(dir, "r.json")
 	// The target outlives run, holding its stdout and stderr: files and

@@ -7,26 +7,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/hooktrace/hooktrace/tracer"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 // version is set with -ldflags "-X main.version=...".
 var version = "dev"
-
-func init() {
-	// The gate must exec from the main thread; init runs there.
-	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
-		runtime.LockOSThread()
-		tracer.RunGate(os.Args[2:])
-	}
-}
 
 // Exit codes. 1 is reserved for findings at or above --fail-on.
 const (
@@ -88,13 +78,10 @@ func exitCode(err error) int {
 		return ee.code
 	}
 	fmt.Fprintf(os.Stderr, "hooktrace: %v\n", err)
+	if code, ok := tracerExitCode(err); ok {
+		return code
+	}
 	switch {
-	case errors.Is(err, tracer.ErrPermission):
-		return exitPermission
-	case errors.Is(err, tracer.ErrNoProcess):
-		return exitNoProcess
-	case errors.Is(err, tracer.ErrKernelTask):
-		return exitKernelTask
 	case isSymbolError(err):
 		return exitNoSymbol
 	case isUsage(err):
@@ -119,9 +106,9 @@ not hang.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{err}
 	})
-	root.AddCommand(newRunCmd(), newAttachCmd(), newAnalyzeCmd())
-	root.AddCommand(newExportCmd())
-	root.AddCommand(newDemoCmd())
+	// run, attach and demo trace (or say why they cannot here).
+	root.AddCommand(tracingCmds()...)
+	root.AddCommand(newAnalyzeCmd(), newExportCmd())
 	return root
 }
 

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/hooktrace/hooktrace/internal/testenv"
+
 	"debug/elf"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +18,7 @@ import (
 // (addresses are randomized), inside the function the unstripped copy
 // says, and with the same finding ID.
 func TestStrippedLibraryNames(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	dir := t.TempDir()
 	full, lib := filepath.Join(dir, "libx.full.so"), filepath.Join(dir, "libx.so")
 	prog := filepath.Join(dir, "stripped")

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hooktrace/hooktrace/analyzer"
-	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/reports"
 )
 
@@ -220,12 +219,4 @@ func gateSummary(g *reports.Gate) string {
 		s += "; INCOMPLETE trace: " + g.Result.Stats.Incomplete
 	}
 	return s
-}
-
-// report prints the analysis of what the session traced on w: stdout
-// for attach, stderr for run (whose stdout is the target's).
-func (s *session) report(foot *events.Footer, w io.Writer) error {
-	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
-	expand := func(p string) (string, error) { return expandOutputPath(p, &s.header) }
-	return writeReport(w, s.sink.an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
 }

@@ -7,17 +7,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // TestFollowForks: a child process's lock inversion is seen only with
 // --follow-forks; its probes are placed before it runs.
 func TestFollowForks(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "forker")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "forker")
 	fs := ofKind(traceFindings(t, []string{"--follow-forks"}, prog), "lock-order-cycle", "error")
 	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"fork_a (forker)", "fork_b (forker)"}) || !fs[0].edgeStackHas(0, "both_orders") {
 		t.Fatalf("--follow-forks: want the child's fork_a/fork_b inversion from both_orders, got %v", fs)
@@ -31,8 +33,8 @@ func TestFollowForks(t *testing.T) {
 // in the new image (same PID) and finds its inversion, named after the new
 // image's symbols.
 func TestExecMidTrace(t *testing.T) {
-	requireBPF(t)
-	execer, inversion := buildC(t, "execer"), buildC(t, "inversion")
+	testenv.RequireBPF(t)
+	execer, inversion := testenv.Program(t, "execer"), testenv.Program(t, "inversion")
 	fs := ofKind(traceFindings(t, nil, execer, inversion), "lock-order-cycle", "error")
 	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
 		t.Fatalf("want the exec'd program's inversion, got %v", fs)
@@ -44,10 +46,10 @@ func TestExecMidTrace(t *testing.T) {
 // incomplete; so is a damaged one (a flipped byte), up to the block the
 // damage is in, with the offset.
 func TestDamagedTraces(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "whole.htr")
-	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--fail-on", "none", "--ignore-target-status", "--", buildC(t, "mallocs")); code != 0 {
+	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--fail-on", "none", "--ignore-target-status", "--", testenv.Program(t, "mallocs")); code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, stderr)
 	}
 	data, err := os.ReadFile(trace)
@@ -89,7 +91,7 @@ func TestDamagedTraces(t *testing.T) {
 // stacks), is told so, and runs to its right answer. One without cgo has
 // no pthread lock to trace: run refuses it, exit 3, before it runs.
 func TestGoTarget(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	dir := t.TempDir()
 	build := func(name, src string) string {
 		os.WriteFile(filepath.Join(dir, name+".go"), []byte(src), 0o644)
@@ -150,12 +152,9 @@ func TestGoTarget(t *testing.T) {
 // TestCxxProbe: --probe takes a demangled C++ name; every call of it is
 // traced at entry and exit, with the demangled name in the stack.
 func TestCxxProbe(t *testing.T) {
-	requireBPF(t)
-	prog := filepath.Join(t.TempDir(), "cxx")
-	if b, err := exec.Command("g++", "-O2", "-g", "-fno-omit-frame-pointer", "-o", prog,
-		filepath.Join("..", "..", "testdata", "cxx.cc")).CombinedOutput(); err != nil {
-		t.Fatalf("g++: %v\n%s", err, b)
-	}
+	testenv.RequireBPF(t)
+	prog := testenv.C{Compiler: "g++", Source: filepath.Join("..", "..", "testdata", "cxx.cc"),
+		Flags: []string{"-O2", "-g", "-fno-omit-frame-pointer"}}.Build(t)
 	trace := filepath.Join(t.TempDir(), "c.htr")
 	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--probe", "rc::Cache::insert", "--", prog); code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
@@ -185,7 +184,7 @@ func TestCxxProbe(t *testing.T) {
 // are traced (run starts at the first instruction), in a dynamic binary
 // and in a static one whose allocator and pthreads are in the executable.
 func TestConstructorsAndStatic(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	for _, static := range []bool{false, true} {
 		name := "ctor"
 		var extra []string
@@ -193,12 +192,8 @@ func TestConstructorsAndStatic(t *testing.T) {
 			name, extra = "ctor_static", []string{"-static"}
 		}
 		t.Run(name, func(t *testing.T) {
-			prog := filepath.Join(t.TempDir(), name)
-			args := append([]string{"-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", prog,
-				filepath.Join("..", "..", "testdata", "ctor.c")}, extra...)
-			if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-				t.Fatalf("gcc: %v\n%s", err, b)
-			}
+			prog := testenv.C{Source: filepath.Join("..", "..", "testdata", "ctor.c"), Name: name,
+				Flags: append(slices.Clone(testenv.CFlags), extra...)}.Build(t)
 			trace := filepath.Join(t.TempDir(), "c.htr")
 			if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--", prog); code != 0 {
 				t.Fatalf("exit %d\n%s", code, stderr)
@@ -248,16 +243,11 @@ func TestConstructorsAndStatic(t *testing.T) {
 // first definition in the loader's search order), every call is traced
 // there, and the trace says which allocator it is.
 func TestPreloadedJemalloc(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-	if _, err := os.Stat(je); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("libjemalloc2 is not installed: %v", err)
-		}
-		t.Skip("libjemalloc2 is not installed")
-	}
+	testenv.File(t, je, "apt-get install -y libjemalloc2")
 	trace := filepath.Join(t.TempDir(), "je.htr")
-	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "--ignore-target-status", "-o", trace, "--", buildC(t, "mallocs"))
+	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "--ignore-target-status", "-o", trace, "--", testenv.Program(t, "mallocs"))
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -284,8 +274,8 @@ func TestPreloadedJemalloc(t *testing.T) {
 // records; the drops are counted, stored in the footer, and every report
 // says the analysis is incomplete rather than clean.
 func TestLostEventsReported(t *testing.T) {
-	requireBPF(t)
-	prog := buildC(t, "mallocs")
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "mallocs")
 	trace := filepath.Join(t.TempDir(), "lossy.htr")
 	stdout, _, stderr, code := runJSON(t, "--mode", "full", "--ring", "4K", "--fail-on", "none", "--ignore-target-status",
 		"-o", trace, "--", prog)

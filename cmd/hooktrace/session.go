@@ -1,7 +1,10 @@
+//go:build linux && amd64
+
 package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -110,7 +113,6 @@ func newSession(f *traceFlags) (*session, error) {
 		RingBytes:   ring,
 		NoSamples:   f.noSamples,
 		UserProbes:  probes,
-		Forbid:      f.forbid,
 		Warn:        func(s string) { slog.Warn(s) },
 	})
 	if err != nil {
@@ -259,7 +261,8 @@ func newRecordSink(path string, h *events.Header) (*recordSink, error) {
 	}
 	s.f = f
 	s.w = events.NewWriter(f)
-	if err := s.w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err == nil {
+	err = s.w.Write(&events.Record{Kind: events.RecHeader, Header: h})
+	if err == nil {
 		err = s.w.Flush()
 	}
 	if err != nil {
@@ -372,4 +375,12 @@ func parseRingSize(v string) (int, error) {
 		return 0, fmt.Errorf("--ring %q: want a power of two from 4K to 1G", v)
 	}
 	return size * unit, nil
+}
+
+// report prints the analysis of what the session traced on w: stdout
+// for attach, stderr for run (whose stdout is the target's).
+func (s *session) report(foot *events.Footer, w io.Writer) error {
+	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
+	expand := func(p string) (string, error) { return expandOutputPath(p, &s.header) }
+	return writeReport(w, s.sink.an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
 }

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package placement
 
 // What the x86-64 uprobe code of Linux 6.18 (arch/x86/kernel/uprobes.c)

@@ -1,17 +1,18 @@
+//go:build linux && amd64
+
 package placement
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"os"
-	"strconv"
-	"strings"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 var (
@@ -128,30 +129,15 @@ func contains(spans []span, addr uint64) bool {
 }
 
 func uprobeTrampolines(pid int) ([]span, error) {
-	maps, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	maps, err := symbolize.ReadMaps(pid)
 	if err != nil {
-		return nil, fmt.Errorf("reading mappings of pid %d: %w", pid, err)
+		return nil, err
 	}
-	defer maps.Close()
 	spans := []span{} // non-nil: read once even when empty
-	scanner := bufio.NewScanner(maps)
-	for scanner.Scan() {
-		fields := strings.Fields(scanner.Text())
-		if len(fields) < 6 || fields[5] != "[uprobes-trampoline]" {
-			continue
+	for _, m := range maps {
+		if m.Path == "[uprobes-trampoline]" {
+			spans = append(spans, span{m.Start, m.End})
 		}
-		start, end, ok := strings.Cut(fields[0], "-")
-		if !ok {
-			continue
-		}
-		s, err1 := strconv.ParseUint(start, 16, 64)
-		e, err2 := strconv.ParseUint(end, 16, 64)
-		if err1 == nil && err2 == nil {
-			spans = append(spans, span{s, e})
-		}
-	}
-	if err := scanner.Err(); err != nil {
-		return nil, fmt.Errorf("reading mappings of pid %d: %w", pid, err)
 	}
 	return spans, nil
 }

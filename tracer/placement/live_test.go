@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package placement
 
 import (
@@ -18,7 +20,11 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
+
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // ownCode returns the live address of CheckLive in this test binary and
 // 4 KiB from there on as stored in the executable, found through the
@@ -78,10 +84,11 @@ func TestCheckLiveSelf(t *testing.T) {
 	t.Log(err)
 
 	// A live 0xcc where the "file" has something else is what a uprobe
-	// looks like; Go pads between functions with int3, so fake the file.
+	// looks like; Go's linker pads between functions with int3 on
+	// amd64, so fake the file.
 	pad := bytes.IndexByte(code, 0xcc)
 	if pad < 0 {
-		t.Skip("no int3 near CheckLive to pose as a breakpoint")
+		t.Fatal("no int3 padding within 4 KiB of CheckLive to pose as a breakpoint")
 	}
 	lo := max(0, pad-8)
 	fake := bytes.Clone(code[lo : pad+1])
@@ -155,19 +162,7 @@ type patcher struct {
 
 func startPatcher(t *testing.T) *patcher {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed")
-	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "patcher.c")
-	if err := os.WriteFile(src, []byte(patcherSource), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "patcher")
-	if out, err := exec.Command(gcc, "-O1", "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("building patcher: %v\n%s", err, out)
-	}
+	bin := testenv.C{Name: "patcher", Code: patcherSource, Flags: []string{"-O1"}}.Build(t)
 
 	cmd := exec.Command(bin)
 	cmd.Stderr = os.Stderr
@@ -292,13 +287,11 @@ func TestCheckLivePatchedChild(t *testing.T) {
 	}
 }
 
-// TestCheckLiveUprobe attaches real uprobes (root only) to show how they
+// TestCheckLiveUprobe attaches real uprobes to show how they
 // look in /proc/PID/mem: an int3 over the first byte, and for a 5-byte nop,
 // after its first hit, a call into [uprobes-trampoline] (Linux 6.18).
 func TestCheckLiveUprobe(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("attaching uprobes needs root")
-	}
+	testenv.RequireBPF(t)
 	p := startPatcher(t)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:         ebpf.Kprobe,
@@ -306,7 +299,7 @@ func TestCheckLiveUprobe(t *testing.T) {
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
 	})
 	if err != nil {
-		t.Skipf("loading a BPF program: %v", err)
+		t.Fatalf("loading a BPF program: %v", err)
 	}
 	defer prog.Close()
 	exe, err := link.OpenExecutable(p.path)
@@ -338,7 +331,7 @@ func TestCheckLiveUprobe(t *testing.T) {
 		addr := p.addrs[name]
 		probe, err := exe.Uprobe(name, prog, &link.UprobeOptions{PID: p.pid})
 		if err != nil {
-			t.Skipf("attaching a uprobe: %v", err)
+			t.Fatalf("attaching a uprobe: %v", err)
 		}
 		p.call(t)
 		err = CheckLive(p.pid, addr, code)

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package placement chooses where in a function's prologue to put a uprobe,
 // and checks that the code in a live process is still the code in the file.
 //
@@ -32,6 +34,10 @@ type Site struct {
 	// Offset is the distance in bytes from the function entry to the
 	// probed instruction.
 	Offset int
+	// Refires: a branch in the function jumps back to its entry, so a site
+	// past the entry fires again on that path within one call (glibc's
+	// pthread_spin_lock retries its lock-prefixed entry after spinning).
+	Refires bool
 	// StackAdjust is how many bytes rsp sits below its entry value when
 	// the probe at Offset fires: the return address is at [rsp+StackAdjust]
 	// and stack-passed arguments follow it.
@@ -98,6 +104,10 @@ func Choose(code []byte, args int) Site {
 			}
 			if entryRefused != "" {
 				site.Note += "; the entry could not be probed anyway: " + entryRefused
+			}
+			if off > 0 && branchToEntry(code) {
+				site.Refires = true
+				site.Note += "; a branch back to the entry makes it fire again within a call"
 			}
 			return site
 		}
@@ -227,6 +237,25 @@ func endbr(code []byte) (string, bool) {
 		return "endbr32", true
 	}
 	return "", false
+}
+
+// branchToEntry reports whether a relative branch in code targets its
+// first byte.
+func branchToEntry(code []byte) bool {
+	for off := 0; off < len(code); {
+		in, err := decodeAt(code, off)
+		if err != nil {
+			off++
+			continue
+		}
+		for _, a := range in.inst.Args {
+			if rel, ok := a.(x86asm.Rel); ok && off+in.length+int(rel) == 0 {
+				return true
+			}
+		}
+		off += in.length
+	}
+	return false
 }
 
 // branchInto finds a relative branch anywhere in code whose target lies in

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package placement
 
 import (
@@ -252,5 +254,32 @@ func TestEmulatedByKernel(t *testing.T) {
 				t.Errorf("emulated %v probeable %v (%s), want %v %v", in.emulated, in.refused == "", in.refused, tt.emulated, tt.probeable)
 			}
 		})
+	}
+}
+
+// TestChooseRefires: glibc 2.36's pthread_spin_lock. Its lock-prefixed
+// entry cannot be probed; the site after it is fine, but the spin loop
+// jumps back to the entry, so the site fires once per retry and the probe
+// must be told (Refires) to count one call once.
+func TestChooseRefires(t *testing.T) {
+	spinLock := code(
+		b(0xf0, 0xff, 0x0f), // lock decl (%rdi)
+		b(0x75, 0x0b),       // jne .+0xd (the spin loop at 0x10)
+		b(0x31, 0xc0),       // xor %eax,%eax
+		ret,
+		b(0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00), // nopl
+		b(0xf3, 0x90),       // pause
+		b(0x83, 0x3f, 0x00), // cmpl $0,(%rdi)
+		b(0x7f, 0xe9),       // jg 0 (retry at the entry)
+		b(0xeb, 0xf7),       // jmp 0x10
+	)
+	s := Choose(spinLock, 1)
+	if s.Offset != 3 || !s.Refires {
+		t.Errorf("pthread_spin_lock: offset %d, refires %v; want 3, true (%s)", s.Offset, s.Refires, s.Note)
+	}
+	// Without the branch back to the entry, the site fires once per call.
+	noRetry := code(b(0xf0, 0xff, 0x0f), b(0x75, 0x0b), b(0x31, 0xc0), ret)
+	if s := Choose(noRetry, 1); s.Offset != 3 || s.Refires {
+		t.Errorf("no retry: offset %d, refires %v; want 3, false (%s)", s.Offset, s.Refires, s.Note)
 	}
 }

@@ -165,11 +165,18 @@ func (dw *dwarfInfo) loadUnits() {
 	}
 	dw.unitsDone = true
 	r := dw.data.Reader()
-	for {
+	var last dwarf.Offset
+	for first := true; ; first = false {
 		e, err := r.Next()
 		if err != nil || e == nil {
 			break
 		}
+		// A corrupt DW_AT_sibling can point back at its own entry, and
+		// SkipChildren then returns to it forever.
+		if !first && e.Offset <= last {
+			break
+		}
+		last = e.Offset
 		if e.Tag == dwarf.TagCompileUnit || e.Tag == dwarf.TagPartialUnit {
 			ranges, _ := dw.data.Ranges(e)
 			for _, rg := range ranges {
@@ -412,11 +419,18 @@ func (dw *dwarfInfo) inlinedCopies(name string) (out []inlineInstance, err error
 
 func (dw *dwarfInfo) indexInlines() {
 	r := dw.data.Reader()
-	for {
+	var last dwarf.Offset
+	for first := true; ; first = false {
 		cu, err := r.Next()
 		if err != nil || cu == nil {
 			return
 		}
+		// A corrupt DW_AT_sibling can point back at its own entry, and
+		// SkipChildren then returns to it forever.
+		if !first && cu.Offset <= last {
+			return
+		}
+		last = cu.Offset
 		r.SkipChildren()
 		if cu.Tag != dwarf.TagCompileUnit && cu.Tag != dwarf.TagPartialUnit {
 			continue

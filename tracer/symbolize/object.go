@@ -1,12 +1,19 @@
-// Package symbolize turns addresses in a traced process into function names,
-// source lines and data-symbol names, and finds the functions the tracer
-// attaches probes to.
+// Package symbolize is the tracer's object layer: it reads a traced
+// process's mappings (the one /proc/PID/maps parser) and the ELF files
+// behind them, and answers everything the tracer asks of those files:
+// function names, source lines and data-symbol names for stacks and locks,
+// the call-frame information the unwinder walks (parsed by package
+// unwind), the functions and code bytes probes are placed on, and the
+// extent of the allocator's code.
 //
-// ELF files are opened once per file (by device and inode) and shared by
-// every process that maps them. Symbol tables are read on first use;
-// DWARF is read only when a source line is asked for. Symbols and lines
-// missing from a stripped object are taken from its detached debug file,
-// found by build ID or .gnu_debuglink.
+// An ELF file is opened through the file the process really mapped
+// (/proc/PID/map_files, or /proc/PID/root + path with the mapped inode
+// checked), never by a path that may since name another file, and is
+// opened once per file (by device and inode), shared by every process
+// that maps it. Symbol tables and CFI are read on first use; DWARF is read
+// only when a source line is asked for. Symbols and lines missing from a
+// stripped object are taken from its detached debug file, found by build
+// ID or .gnu_debuglink.
 package symbolize
 
 import (
@@ -15,16 +22,20 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/tracer/unwind"
 )
 
-// Object is an ELF file's symbols and debug information.
+// Object is one ELF file as the tracer sees it: its symbols, debug
+// information, call-frame information and bytes.
 type Object struct {
 	path    string
-	file    *elf.File        // reads lazily from the open file, which stays open
+	r       io.ReaderAt      // the open file, which stays open
+	file    *elf.File        // reads lazily from r
 	loads   []elf.ProgHeader // PT_LOAD segments
 	buildID []byte
 	// roots are extra directories under which debug files are looked for,
@@ -44,6 +55,9 @@ type Object struct {
 
 	dwarfOnce sync.Once
 	dwarf     *dwarfInfo // nil when there is no usable DWARF
+
+	cfiOnce sync.Once
+	cfi     *unwind.Object // nil when unreadable
 }
 
 type fileKey struct {
@@ -66,13 +80,40 @@ var objects = struct {
 }{m: map[fileKey]cachedObject{}}
 
 // Open opens the ELF file at path, or returns the object already open for
-// the same file.
+// the same file. For a file a process maps, OpenMapped is the right one.
 func Open(path string) (*Object, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
 	return openFile(f, path, nil)
+}
+
+// OpenMapped opens the file that mapping m of process pid maps, through
+// the kernel's handle on the mapping when it can (see openMapped): the
+// file rebuilt or replaced at m.Path since is not the one read. via is the
+// path it was opened through, which names that same file while the
+// mapping lasts: what uprobes for the process must be attached through.
+func OpenMapped(pid int, m Mapping) (o *Object, via string, err error) {
+	f, err := openMapped(pid, m)
+	if err != nil {
+		return nil, "", err
+	}
+	via = f.Name()
+	o, err = openFile(f, m.Path, processRoots(pid))
+	return o, via, err
+}
+
+// OpenIn opens path as process pid sees it (through /proc/PID/root, for a
+// process in another mount namespace), for an object it does not map yet:
+// a gated child's libraries before its exec.
+func OpenIn(pid int, path string) (*Object, error) {
+	if pid > 0 {
+		if f, err := os.Open(fmt.Sprintf("/proc/%d/root%s", pid, path)); err == nil {
+			return openFile(f, path, processRoots(pid))
+		}
+	}
+	return Open(path)
 }
 
 // openFile takes ownership of f.
@@ -122,7 +163,7 @@ func newObject(r io.ReaderAt, path string, roots []string) (o *Object, err error
 	if err != nil {
 		return nil, fmt.Errorf("reading ELF %s: %w", path, err)
 	}
-	o = &Object{path: path, file: ef, roots: roots}
+	o = &Object{path: path, r: r, file: ef, roots: roots}
 	for _, p := range ef.Progs {
 		if p.Type == elf.PT_LOAD {
 			o.loads = append(o.loads, p.ProgHeader)
@@ -165,11 +206,55 @@ func (o *Object) FileOffset(vaddr uint64) (uint64, error) {
 	return 0, fmt.Errorf("converting 0x%x in %s to a file offset: not in a loaded segment's file contents", vaddr, o.path)
 }
 
-// inLoad reports whether vaddr is inside a loaded segment, counting the part
-// of it only present in memory (.bss).
-func (o *Object) inLoad(vaddr uint64) bool {
+// ReadAt reads the object's file at offset off: the bytes of a function,
+// for placing a probe on it, are those of the file mapped, not of
+// whatever file now has its path.
+func (o *Object) ReadAt(p []byte, off int64) (int, error) { return o.r.ReadAt(p, off) }
+
+// CFI returns the object's call-frame information for the unwinder, read
+// on first use, or nil when it has none that can be read.
+func (o *Object) CFI() *unwind.Object {
+	o.cfiOnce.Do(func() {
+		// Without CFI the unwinder falls back to frame pointers, as for
+		// code in no file; why it could not be read changes nothing.
+		o.cfi, _ = unwind.New(o.path, o.file)
+		if o.cfi != nil && !o.cfi.HasCFI() {
+			o.cfi = nil
+		}
+	})
+	return o.cfi
+}
+
+// CodeSegment returns the file extent of the object's first executable
+// loaded segment.
+func (o *Object) CodeSegment() (off, size uint64, ok bool) {
 	for _, p := range o.loads {
-		if vaddr >= p.Vaddr && vaddr-p.Vaddr < p.Memsz {
+		if p.Flags&elf.PF_X != 0 {
+			return p.Off, p.Filesz, true
+		}
+	}
+	return 0, 0, false
+}
+
+// Interpreter is the program interpreter (dynamic loader) an executable
+// names, or "" when it names none.
+func (o *Object) Interpreter() string {
+	for _, p := range o.file.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err == nil {
+				return strings.TrimRight(string(b), "\x00")
+			}
+		}
+	}
+	return ""
+}
+
+// inBSS reports whether vaddr is in the part of a loaded segment only
+// present in memory (.bss past the file's contents).
+func (o *Object) inBSS(vaddr uint64) bool {
+	for _, p := range o.loads {
+		if vaddr >= p.Vaddr+p.Filesz && vaddr < p.Vaddr+p.Memsz {
 			return true
 		}
 	}
@@ -272,24 +357,18 @@ func (o *Object) dataName(vaddr uint64, objName string) (string, bool) {
 }
 
 // ExeIsGo reports whether the ELF file at path was built by the Go
-// toolchain. Uretprobes corrupt Go programs, whose stacks move.
+// toolchain.
 func ExeIsGo(path string) bool {
-	f, err := elf.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if f.Section(".go.buildinfo") != nil || f.Section(".gopclntab") != nil {
+	o, err := Open(path)
+	return err == nil && o.IsGo()
+}
+
+// IsGo reports whether the object was built by the Go toolchain.
+// Uretprobes corrupt Go programs, whose stacks move.
+func (o *Object) IsGo() bool {
+	if o.file.Section(".go.buildinfo") != nil || o.file.Section(".gopclntab") != nil {
 		return true
 	}
-	syms, err := f.Symbols()
-	if err != nil {
-		return false
-	}
-	for _, s := range syms {
-		if s.Name == "runtime.main" {
-			return true
-		}
-	}
-	return false
+	_, err := o.Func("runtime.main")
+	return err == nil
 }

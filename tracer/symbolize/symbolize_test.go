@@ -18,20 +18,14 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // needTool skips when a compiler is missing, except in CI where the tests
 // must run.
 func needTool(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is required in CI: %v", name, err)
-		}
-		t.Skipf("%s not installed: %v", name, err)
-	}
-	return path
+	return testenv.Tool(t, "apt-get install -y gcc g++", name)
 }
 
 // build is a test program made from a testdata source.
@@ -48,53 +42,32 @@ var (
 	classBuild        = build{"g++", "class.cc", "cls", []string{"-g", "-O0"}}
 )
 
-// shared holds the programs built once for every test that only reads them.
-var shared struct {
-	dir   string
-	mu    sync.Mutex
-	paths map[string]string
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "symbolize-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	shared.dir, shared.paths = dir, map[string]string{}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// path returns the shared build, compiling it on first use. Tests that
-// change or delete the file use into instead.
+// path returns the build shared by every test that only reads it. Tests
+// that change or delete the file use into instead.
 func (b build) path(t *testing.T) string {
 	t.Helper()
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if p, ok := shared.paths[b.out]; ok {
-		return p
-	}
-	p := b.into(t, shared.dir)
-	shared.paths[b.out] = p
-	return p
-}
-
-// into compiles the program into dir and returns its path.
-func (b build) into(t *testing.T, dir string) string {
-	t.Helper()
-	cc := needTool(t, b.compiler)
-	outPath := filepath.Join(dir, b.out)
-	srcPath, err := filepath.Abs(filepath.Join("testdata", b.src))
+	src, err := filepath.Abs(filepath.Join("testdata", b.src))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(cc, append(append([]string{"-o", outPath}, b.args...), srcPath)...)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%v: %v\n%s", cmd.Args, err, msg)
+	return testenv.C{Compiler: b.compiler, Source: src, Name: b.out, Flags: b.args}.Build(t)
+}
+
+// into copies the program into dir, for a test of its own to change, and
+// returns its path.
+func (b build) into(t *testing.T, dir string) string {
+	t.Helper()
+	data, err := os.ReadFile(b.path(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return outPath
+	out := filepath.Join(dir, b.out)
+	if err := os.WriteFile(out, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // markerLine returns the line of testdata/src holding /* marker */ or
@@ -654,12 +627,7 @@ func TestGlibc(t *testing.T) {
 	}
 
 	// Internal functions need the debug file.
-	if _, err := os.Stat(filepath.Join(debugDir, ".build-id")); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("glibc debug symbols are required in CI (install libc6-dbg): %v", err)
-		}
-		t.Skipf("no %s/.build-id (install libc6-dbg to test glibc-internal symbols): %v", debugDir, err)
-	}
+	testenv.File(t, filepath.Join(debugDir, ".build-id"), "apt-get install -y libc6-dbg for glibc-internal symbols")
 	if libc.DebugFile() == "" {
 		t.Fatalf("no debug file found for %s (build ID %s); is libc6-dbg installed for this libc?", path, libc.BuildID())
 	}
@@ -824,7 +792,7 @@ func TestSymbolizeVDSO(t *testing.T) {
 	}
 	v := vdsoObject()
 	if vdsoMap.Start == 0 || v == nil {
-		t.Skip("no vDSO")
+		testenv.Unavailable(t, "no vDSO mapped in the target")
 	}
 	sym, err := v.Func("__vdso_clock_gettime")
 	if err != nil {

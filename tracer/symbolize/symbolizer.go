@@ -7,11 +7,13 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"sort"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/tracer/unwind"
 )
 
 // cacheSize bounds each generation of a Symbolizer's address caches; at
@@ -23,11 +25,17 @@ const cacheSize = 1 << 16
 const minRefreshGap = 20 * time.Millisecond
 
 // Symbolizer symbolizes addresses of one process. It works from a snapshot
-// of the process's mappings, taken by New and renewed by Refresh or when an
+// of the process's mappings, taken by New and renewed by Refresh (the
+// tracer calls it when it sees the process map or unmap memory) or when an
 // address falls outside every mapping (the process may have dlopen'ed a
 // library since). The files mapped are opened when the snapshot is taken,
 // so addresses can still be symbolized after the process has exited.
-// A process that called exec needs Refresh.
+//
+// Addresses are symbolized behind the process: by the time a stack is
+// looked up, what it points into may have been unmapped (dlclose). So a
+// refresh keeps the mappings of objects that went away as long as nothing
+// new is mapped over them; only when none of the snapshot's files is still mapped
+// as it was (an exec) does the new snapshot start afresh.
 //
 // A Symbolizer is safe for concurrent use.
 type Symbolizer struct {
@@ -73,6 +81,26 @@ func New(pid int) *Symbolizer {
 	_ = s.refresh()
 	s.mu.Unlock()
 	return s
+}
+
+// Fork returns a Symbolizer for pid, a child that s's process forked. The
+// child's address space starts as a copy of its parent's, so it starts
+// from s's snapshot, then reads its own mappings: a child gone (or
+// already exec'ing) before it is looked at still symbolizes what it ran
+// between its fork and its end.
+func (s *Symbolizer) Fork(pid int) *Symbolizer {
+	c := &Symbolizer{pid: pid, files: map[fileID]*Object{}}
+	s.mu.Lock()
+	c.maps = append(Maps(nil), s.maps...)
+	c.bound = append([]binding(nil), s.bound...)
+	for id, o := range s.files {
+		c.files[id] = o
+	}
+	s.mu.Unlock()
+	c.mu.Lock()
+	_ = c.refresh()
+	c.mu.Unlock()
+	return c
 }
 
 // Refresh re-reads the process's mappings. After the process has exited it
@@ -133,6 +161,9 @@ func (s *Symbolizer) refresh() error {
 		}
 	}
 
+	if keep := gone(s.maps, s.bound, maps); len(keep) > 0 && survives(s.maps, maps) {
+		maps, bound = merge(maps, bound, keep, s.maps, s.bound)
+	}
 	if !onlyAdded(s.maps, maps) {
 		// Something was unmapped or replaced: cached results may name the
 		// wrong object now.
@@ -156,6 +187,59 @@ func processRoots(pid int) []string {
 		return nil
 	}
 	return []string{root}
+}
+
+// gone returns the indexes of old's mappings of objects that overlap
+// nothing in new: unmapped since, with nothing mapped there again.
+// Anonymous memory is not kept: it names nothing, and a process that
+// maps and unmaps it at changing addresses would make the list grow.
+func gone(old Maps, oldBound []binding, new Maps) []int {
+	var out []int
+	for i, m := range old {
+		if oldBound[i].obj == nil {
+			continue
+		}
+		j := sort.Search(len(new), func(j int) bool { return new[j].End > m.Start })
+		if j == len(new) || new[j].Start >= m.End {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// survives reports whether a file mapping of old is still in new as it
+// was: the process still runs the same image (an exec replaces them all).
+func survives(old, new Maps) bool {
+	for _, m := range old {
+		if !m.IsFile() {
+			continue
+		}
+		if i := new.find(m.Start); i >= 0 && new[i] == m {
+			return true
+		}
+	}
+	return false
+}
+
+// merge adds old's mappings keep (indexes), with their bindings, to new.
+func merge(maps Maps, bound []binding, keep []int, old Maps, oldBound []binding) (Maps, []binding) {
+	type pair struct {
+		m Mapping
+		b binding
+	}
+	all := make([]pair, 0, len(maps)+len(keep))
+	for i := range maps {
+		all = append(all, pair{maps[i], bound[i]})
+	}
+	for _, i := range keep {
+		all = append(all, pair{old[i], oldBound[i]})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].m.Start < all[j].m.Start })
+	maps, bound = make(Maps, len(all)), make([]binding, len(all))
+	for i, p := range all {
+		maps[i], bound[i] = p.m, p.b
+	}
+	return maps, bound
 }
 
 // onlyAdded reports whether every mapping of old is still in new.
@@ -189,11 +273,46 @@ func (s *Symbolizer) locate(addr uint64) (m Mapping, b binding, vaddr uint64, ok
 		// The tail of a .bss too big for the last file page is anonymous
 		// memory right after the object's data mapping.
 		prev, pb := s.maps[i-1], s.bound[i-1]
-		if pb.obj != nil && prev.End == m.Start && pb.obj.inLoad(addr-pb.bias) {
+		if pb.obj != nil && prev.End == m.Start && pb.obj.inBSS(addr-pb.bias) {
 			return prev, pb, addr - pb.bias, true
 		}
 	}
 	return m, b, addr - b.bias, true
+}
+
+// ObjectAt returns the object mapped at addr in the current snapshot and
+// addr's virtual address inside it.
+func (s *Symbolizer) ObjectAt(addr uint64) (obj *Object, vaddr uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := s.maps.find(addr)
+	if i < 0 || s.bound[i].obj == nil {
+		return nil, 0, false
+	}
+	b := s.bound[i]
+	return b.obj, addr - b.bias, true
+}
+
+// ResolveCFI is an unwind.Resolver over the current snapshot: the CFI of
+// the object mapped at addr, read from the file the process mapped, and
+// the mapping's load bias. It does not re-read the mappings: the caller
+// refreshes them before a walk, not for each of its frames.
+func (s *Symbolizer) ResolveCFI(addr uint64) (*unwind.Object, uint64, bool) {
+	s.mu.Lock()
+	i := s.maps.find(addr)
+	var b binding
+	if i >= 0 {
+		b = s.bound[i]
+	}
+	s.mu.Unlock()
+	if b.obj == nil {
+		return nil, 0, false
+	}
+	cfi := b.obj.CFI()
+	if cfi == nil {
+		return nil, 0, false
+	}
+	return cfi, b.bias, true
 }
 
 // Lookup symbolizes one address: the function holding it and, when DWARF

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package unwind
 
 import (
@@ -6,14 +8,14 @@ import (
 	"debug/elf"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // The tests in this file run testdata/capture.c, which samples its own stack
@@ -31,51 +33,15 @@ type capture struct {
 	maps   []mapping
 }
 
-// builds caches compiled capture programs by compiler flags: several tests
-// share one binary, and compiling is the slowest part of the tests.
-var builds struct {
-	sync.Mutex
-	dir  string
-	bins map[string]string
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if builds.dir != "" {
-		os.RemoveAll(builds.dir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // buildCapture compiles the capture program the way HPC code and glibc are
-// built: optimised and without frame pointers.
+// built: optimised and without frame pointers. Tests with the same flags
+// share one binary: compiling is the slowest part of the tests.
 func buildCapture(tb testing.TB, extraFlags ...string) string {
 	tb.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		tb.Skip("gcc not installed")
-	}
-	builds.Lock()
-	defer builds.Unlock()
-	key := strings.Join(extraFlags, " ")
-	if bin, ok := builds.bins[key]; ok {
-		return bin
-	}
-	if builds.dir == "" {
-		dir, err := os.MkdirTemp("", "unwind-test")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		builds.dir, builds.bins = dir, map[string]string{}
-	}
-	bin := filepath.Join(builds.dir, fmt.Sprintf("capture%d", len(builds.bins)))
-	args := append([]string{"-O2", "-fomit-frame-pointer", "-g0"}, extraFlags...)
-	args = append(args, "-o", bin, "testdata/capture.c")
-	out, err := exec.Command("gcc", args...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("building capture program: %v\n%s", err, out)
-	}
-	builds.bins[key] = bin
-	return bin
+	flags := append([]string{"-O2", "-fomit-frame-pointer", "-g0"}, extraFlags...)
+	return testenv.C{Source: filepath.Join("testdata", "capture.c"), Flags: flags}.Build(tb)
 }
 
 func runCapture(tb testing.TB, bin, mode string) *capture {
@@ -142,7 +108,7 @@ func (c *capture) resolver(tb testing.TB) Resolver {
 			obj, ok := objects[m.path]
 			if !ok {
 				var err error
-				if obj, err = Open(m.path); err != nil {
+				if obj, err = openPath(m.path); err != nil {
 					tb.Logf("opening %s: %v", m.path, err)
 				}
 				objects[m.path] = obj
@@ -150,7 +116,7 @@ func (c *capture) resolver(tb testing.TB) Resolver {
 			if obj == nil {
 				return nil, 0, false
 			}
-			bias, err := obj.LoadBias(m.start, m.offset)
+			bias, err := loadBias(m.path, m.start, m.offset)
 			if err != nil {
 				tb.Logf("%v", err)
 				return nil, 0, false
@@ -194,13 +160,9 @@ func (c *capture) symbols(tb testing.TB, path string) []symbol {
 	}
 	var bias uint64
 	found := false
-	obj, err := Open(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	for _, m := range c.maps {
 		if m.path == path {
-			if bias, err = obj.LoadBias(m.start, m.offset); err != nil {
+			if bias, err = loadBias(m.path, m.start, m.offset); err != nil {
 				tb.Fatal(err)
 			}
 			found = true
@@ -312,7 +274,7 @@ func TestUnwindWithDebugFrame(t *testing.T) {
 	syms := c.symbols(t, bin)
 	checkFuncAddresses(t, c, syms)
 
-	obj, err := Open(bin)
+	obj, err := openPath(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,11 +440,9 @@ func TestUnwindThroughSignalFrame(t *testing.T) {
 
 func BenchmarkOpenLibc(b *testing.B) {
 	const path = "/usr/lib/x86_64-linux-gnu/libc.so.6"
-	if _, err := os.Stat(path); err != nil {
-		b.Skip(err)
-	}
+	testenv.File(b, path, "Debian's libc6")
 	for b.Loop() {
-		if _, err := Open(path); err != nil {
+		if _, err := openPath(path); err != nil {
 			b.Fatal(err)
 		}
 	}

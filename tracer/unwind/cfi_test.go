@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package unwind
 
 import (
@@ -11,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // systemObjects are real, optimised x86-64 objects to check the parser
@@ -32,7 +36,7 @@ func existingSystemObjects(t *testing.T) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Skip("no system libraries found")
+		testenv.Unavailable(t, "none of the system libraries %v", systemObjects)
 	}
 	return out
 }
@@ -93,13 +97,11 @@ var (
 // exercises CIE/FDE parsing, the .eh_frame_hdr lookup and the interpreter on
 // everything gcc, clang-built and hand-written glibc assembly emit.
 func TestRowsMatchReadelf(t *testing.T) {
-	if _, err := exec.LookPath("readelf"); err != nil {
-		t.Skip("readelf not installed")
-	}
+	testenv.Tool(t, "apt-get install -y binutils", "readelf")
 	paths := append([]string{buildCapture(t)}, existingSystemObjects(t)...)
 	for _, path := range paths {
 		t.Run(path, func(t *testing.T) {
-			obj, err := Open(path)
+			obj, err := openPath(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,7 +193,7 @@ func compareWithReadelf(t *testing.T, obj *Object, out []byte) (rows, fdes int) 
 // against the index built by scanning, for every FDE boundary.
 func TestHeaderTableMatchesIndex(t *testing.T) {
 	for _, path := range existingSystemObjects(t) {
-		obj, err := Open(path)
+		obj, err := openPath(path)
 		if err != nil {
 			t.Fatal(err)
 		}

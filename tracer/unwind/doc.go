@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package unwind turns a raw user-stack sample into a call chain using the
 // DWARF call-frame information (.eh_frame, .debug_frame) of the mapped
 // objects, the way `perf --call-graph dwarf` does.
@@ -10,5 +12,6 @@
 // The tracer captures rip, rsp, rbp and a copy of the stack from rsp upward
 // (Sample). Unwind replays the CFA rules of each frame over that copy,
 // resolving each pc to an Object and load bias through a caller-supplied
-// Resolver built from /proc/PID/maps. Only x86-64 is supported.
+// Resolver: the tracer's object layer (package symbolize) opens each mapped
+// file once and builds its Object with New. Only x86-64 is supported.
 package unwind

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package unwind
 
 import (
@@ -80,7 +82,7 @@ func exerciseSection(t *testing.T, s *cfiSection, hdr []byte, hdrAddr uint64) {
 		stepCFI(&regs, &r, mem, 0)
 	}
 	if len(pcs) > 0 {
-		obj := &Object{path: "fuzz", ehFrame: s}
+		obj := &Object{name: "fuzz", ehFrame: s}
 		resolve := func(uint64) (*Object, uint64, bool) { return obj, 0, true }
 		_, reason := Unwind(Sample{IP: pcs[0], SP: mem.base, BP: mem.base + 16, Stack: mem.data}, resolve)
 		if strings.HasPrefix(reason, "internal error") {

@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 package unwind
 
 import (
@@ -13,9 +15,9 @@ type Sample struct {
 	Stack []byte
 }
 
-// Resolver maps a runtime address to the object mapped there and that
-// mapping's load bias (see Object.LoadBias). ok is false for addresses in no
-// file-backed mapping, such as JIT code.
+// Resolver maps a runtime address to the CFI of the object mapped there and
+// that mapping's load bias: runtime address = link-time address + bias. ok
+// is false for addresses in no ELF mapping, such as JIT code.
 type Resolver func(addr uint64) (obj *Object, bias uint64, ok bool)
 
 // MaxDepth is the number of frames Unwind returns at most.

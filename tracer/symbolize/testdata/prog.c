@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static pthread_mutex_t vma_lock = PTHREAD_MUTEX_INITIALIZER;
 static char big_table[1 << 20]; // .bss larger than a page: its tail is anonymous memory
@@ -54,14 +55,26 @@ int main(int argc, char **argv) {
 	printf("ready\n");
 
 	char cmd[64];
+	void *h = NULL, *plug_page = NULL;
 	while (fgets(cmd, sizeof cmd, stdin)) {
-		if (strncmp(cmd, "dlopen", 6) == 0 && argc > 1) {
-			void *h = dlopen(argv[1], RTLD_NOW);
+		if (strncmp(cmd, "dlclose", 7) == 0 && h) {
+			dlclose(h);
+			h = NULL;
+			printf("ready\n");
+		} else if (strncmp(cmd, "cover", 5) == 0 && plug_page) {
+			/* Anonymous memory where the unloaded library's code was. */
+			void *p = mmap(plug_page, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+			if (p == MAP_FAILED)
+				printf("error mmap %p\n", plug_page);
+			printf("ready\n");
+		} else if (strncmp(cmd, "dlopen", 6) == 0 && argc > 1) {
+			h = dlopen(argv[1], RTLD_NOW);
 			if (!h) {
 				printf("error %s\n", dlerror());
 				continue;
 			}
 			printf("plug_fn %p\n", dlsym(h, "plug_fn"));
+			plug_page = (void *)((unsigned long)dlsym(h, "plug_fn") & ~4095UL);
 			printf("plug_lock %p\n", dlsym(h, "plug_lock_addr") ? ((void *(*)(void))dlsym(h, "plug_lock_addr"))() : NULL);
 			printf("ready\n");
 		}

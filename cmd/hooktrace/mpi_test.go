@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
+)
+
+// The Open MPI tests run a real job, two ranks of a ping-pong with a
+// thread per rank whose frees make glibc unmap and madvise memory, in each
+// point-to-point configuration Debian's Open MPI 4.1 runs on one machine:
+// the shared-memory BTL (vader), UCX, and libfabric (ofi). Open MPI's
+// patcher and UCX's ucm patch libc's munmap and madvise entries so that
+// their memory hooks see every unmap; hooktrace places no uprobe on
+// patched code and sees those calls through the sys_enter tracepoint.
+
+// What the release hook does inside free differs:
+//   - vader: Open MPI's hooks take no pthread lock;
+//   - UCX: ucm_vm_munmap dispatches the event under UCX's recursive
+//     spinlock wrapper (libucs, over pthread_spin_lock);
+//   - ofi: libfabric's ofi_import_monitor_notify takes mm_list_rwlock (read)
+//     then mm_lock (the stripped library's locks are named by address).
+//
+// Both run while glibc holds the freeing thread's arena lock when free
+// trims a non-main heap (shrink_heap → madvise).
+var mpiConfigs = []struct {
+	name string
+	mca  []string
+	// hookLock is in the name of a lock the release hook takes inside
+	// free, with the arena held; empty when it takes none. hookPath is on
+	// that stack whichever call it was first seen in (aggregate mode
+	// reports the first: a trim of the heap by sbrk in the main thread or
+	// of a thread's heap by madvise).
+	hookLock string
+	hookPath []string
+}{
+	{"vader", []string{"--mca", "pml", "ob1", "--mca", "btl", "self,vader"}, "", nil},
+	{"ucx", []string{"--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any"},
+		"libucs", []string{"pthread_spin_lock", "ucm_event_dispatch", "free"}},
+	{"ofi", []string{"--mca", "pml", "cm", "--mca", "mtl", "ofi"},
+		"libfabric", []string{"pthread_mutex_lock", "opal_mem_hooks_release_hook", "free"}},
+}
+
+// mpiReport is what the tests read of a JSON report.
+type mpiReport struct {
+	Stats struct {
+		Events      uint64            `json:"events"`
+		LostEvents  uint64            `json:"lost_events"`
+		Complete    bool              `json:"complete"`
+		Calls       map[string]uint64 `json:"calls"`
+		ExitStatus  *int              `json:"exit_status"`
+		TraceChecks map[string]uint64 `json:"trace_checks"`
+	} `json:"stats"`
+	Findings []struct {
+		Kind     string   `json:"kind"`
+		Severity string   `json:"severity"`
+		Title    string   `json:"title"`
+		Detail   string   `json:"detail"`
+		Locks    []string `json:"locks"`
+		Edges    []struct {
+			Context string `json:"context"`
+			Arena   string `json:"arena"`
+			Stack   []struct {
+				Function string `json:"function"`
+				Object   string `json:"object"`
+			} `json:"stack"`
+		} `json:"edges"`
+	} `json:"findings"`
+}
+
+// mpirunArgs is mpirun's command line for cfg's two ranks of argv.
+func mpirunArgs(mca []string, argv ...string) []string {
+	args := append([]string{"--allow-run-as-root", "--oversubscribe", "-n", "2"}, mca...)
+	return append(args, argv...)
+}
+
+// mpiEnv lets mpirun run as root (CI containers do), whatever the flags.
+func mpiEnv() []string {
+	return append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+}
+
+var (
+	rank0Line = regexp.MustCompile(`(?m)^rank 0: (\d+) round trips, (\d+) bad values, (\d+) churns$`)
+	rank1Line = regexp.MustCompile(`(?m)^rank 1: (\d+) round trips, (\d+) churns$`)
+)
+
+// checkJob checks the job's own output: both ranks played the same number
+// of round trips, rank 0 found every payload right, and both churned.
+func checkJob(t *testing.T, out string) {
+	t.Helper()
+	r0, r1 := rank0Line.FindStringSubmatch(out), rank1Line.FindStringSubmatch(out)
+	if r0 == nil || r1 == nil {
+		t.Fatalf("the job did not print both ranks' results:\n%s", out)
+	}
+	if r0[1] != r1[1] || r0[1] == "0" || r0[2] != "0" || r0[3] == "0" || r1[2] == "0" {
+		t.Errorf("the job went wrong: %q, %q", r0[0], r1[0])
+	}
+	t.Logf("job: %s; %s", r0[0], r1[0])
+}
+
+// checkMPIReport checks one rank's report: the memory syscalls the hooks
+// see were counted, and no error contradicts a job that finished.
+//   - A self-deadlock on a non-recursive lock would have hung it: one seen
+//     in a trace is a trace inconsistency (a warning), never an error.
+//   - Open MPI's release hooks do not allocate, nor take a lock their
+//     thread may hold around an allocator call: an allocator re-entry or a
+//     self-deadlock hazard through the hook context in a complete trace is
+//     a misreading (glibc's posix_memalign calls malloc itself). With
+//     events lost, the holes make such findings (a lost unlock leaves a
+//     lock held for ever): they are logged, and the report says INCOMPLETE.
+//
+// Lock-order cycles are hazards a finished job does not contradict (here,
+// libfabric's lock and the dynamic loader's, taken in both orders by
+// dlopen and dlclose on one thread): they are logged.
+func checkMPIReport(t *testing.T, what string, rep *mpiReport) {
+	t.Helper()
+	c := rep.Stats.Calls
+	t.Logf("%s: %d events, %d lost; madvise=%d munmap=%d mmap=%d brk=%d free=%d malloc=%d mutex_lock=%d spin_lock=%d spin_unlock=%d; trace checks %v",
+		what, rep.Stats.Events, rep.Stats.LostEvents, c["madvise"], c["munmap"], c["mmap"], c["brk"], c["free"], c["malloc"],
+		c["pthread_mutex_lock"], c["pthread_spin_lock"]+c["pthread_spin_trylock"], c["pthread_spin_unlock"], rep.Stats.TraceChecks)
+	if c["madvise"] == 0 || c["munmap"] == 0 || c["free"] == 0 {
+		t.Errorf("%s: the frees' madvise and munmap calls were not seen: %v", what, c)
+	}
+	count := map[string]int{}
+	for _, f := range rep.Findings {
+		count[f.Severity+" "+f.Kind]++
+		switch {
+		case f.Severity == "error" && f.Kind == "self-deadlock" && !strings.HasPrefix(f.Title, "self-deadlock hazard"):
+			t.Errorf("%s: impossible finding in a job that finished: %s\n%s", what, f.Title, f.Detail)
+		case f.Severity == "error" && (f.Kind == "allocator-reentry" || f.Kind == "self-deadlock") && rep.Stats.LostEvents == 0:
+			t.Errorf("%s: %s in a complete trace: %s\n%s", what, f.Kind, f.Title, f.Detail)
+			for _, e := range f.Edges {
+				t.Logf("    %s%s", e.Context, frames(e.Stack))
+			}
+		case f.Severity == "error":
+			t.Logf("%s: error (%d events lost): %s", what, rep.Stats.LostEvents, f.Title)
+		case f.Kind == "hook-lock" || f.Kind == "trace-inconsistency":
+			t.Logf("%s: %s %s: %s", what, f.Severity, f.Kind, f.Title)
+			for _, e := range f.Edges {
+				if e.Context != "" {
+					t.Logf("    %s (arena %s)%s", e.Context, e.Arena, frames(e.Stack))
+				}
+			}
+		}
+	}
+	t.Logf("%s: findings %v", what, count)
+}
+
+// checkHook checks, in a complete trace, the hook-lock finding of the
+// release hook inside free: a lock named with lock, the arena held, the
+// hook's path on its stack. With events lost its first sighting may be
+// among them.
+func checkHook(t *testing.T, what string, rep *mpiReport, lock string, path []string) {
+	t.Helper()
+	if lock == "" || rep.Stats.LostEvents != 0 {
+		return
+	}
+	for _, f := range rep.Findings {
+		if f.Kind != "hook-lock" || !strings.Contains(strings.Join(f.Locks, " "), lock) {
+			continue
+		}
+		for _, e := range f.Edges {
+			have := map[string]bool{}
+			for _, fr := range e.Stack {
+				have[fr.Function] = true
+			}
+			all := e.Arena == "held"
+			for _, fn := range path {
+				all = all && have[fn]
+			}
+			if all {
+				return
+			}
+		}
+	}
+	t.Errorf("%s: no hook-lock finding of a %s lock taken inside free with the arena held, through %v", what, lock, path)
+}
+
+// frames shows a stack as the functions (or objects) on it, innermost first.
+func frames(stack []struct {
+	Function string `json:"function"`
+	Object   string `json:"object"`
+}) string {
+	var b strings.Builder
+	for i, f := range stack {
+		if i == 12 {
+			b.WriteString(" ← ...")
+			break
+		}
+		name := f.Function
+		if name == "" {
+			name = "(" + filepath.Base(f.Object) + ")"
+		}
+		b.WriteString(" ← " + name)
+	}
+	return b.String()
+}
+
+func readMPIReport(t *testing.T, data []byte, what string) *mpiReport {
+	t.Helper()
+	var rep mpiReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatalf("%s: report is not JSON: %v\n%s", what, err, data)
+	}
+	return &rep
+}
+
+// TestOpenMPIJob runs the ping-pong job in each configuration, once with
+// hooktrace attached to rank 0 for 2 s, once with every rank run under
+// hooktrace by mpirun. The job must be unharmed, the frees' munmap and
+// madvise calls seen, and no error may contradict the job's finishing.
+func TestOpenMPIJob(t *testing.T) {
+	testenv.RequireBPF(t)
+	mpirun := testenv.Tool(t, "apt-get install -y openmpi-bin libopenmpi-dev libucx0", "mpirun")
+	prog := testenv.C{Compiler: "mpicc", Source: filepath.Join("testdata", "mpi_pingpong.c")}.Build(t)
+	for _, cfg := range mpiConfigs {
+		t.Run(cfg.name, func(t *testing.T) {
+			check := func(t *testing.T, what string, rep *mpiReport) {
+				checkMPIReport(t, what, rep)
+				checkHook(t, what, rep, cfg.hookLock, cfg.hookPath)
+			}
+			t.Run("attach", func(t *testing.T) { mpiAttach(t, mpirun, cfg.mca, prog, check) })
+			t.Run("run", func(t *testing.T) { mpiRun(t, mpirun, cfg.mca, prog, check) })
+		})
+	}
+}
+
+// mpiAttach starts the job playing until told to stop on its stdin,
+// attaches to rank 0 for 2 s, then stops the job.
+func mpiAttach(t *testing.T, mpirun string, mca []string, prog string, check func(*testing.T, string, *mpiReport)) {
+	cmd := exec.Command(mpirun, mpirunArgs(mca, prog, "30", "stdin")...)
+	cmd.Env = mpiEnv()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	out := bufio.NewReader(stdout)
+	var seen strings.Builder
+	pid := 0
+	for pid == 0 {
+		line, err := out.ReadString('\n')
+		seen.WriteString(line)
+		if err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the job ended before printing rank 0's PID: %v\n%s%s", err, seen.String(), stderr.String())
+		}
+		fmt.Sscanf(line, "rank 0 pid %d", &pid)
+	}
+	trace := filepath.Join(t.TempDir(), "attach.htr")
+	report, stderrA, code := hooktrace(t, nil, "attach", "--pid", fmt.Sprint(pid), "--duration", "2s",
+		"--format", "json", "--fail-on", "none", "-o", trace)
+	// Stop the job whatever attach did, and check it.
+	io.WriteString(stdin, "stop\n")
+	stdin.Close()
+	rest, _ := io.ReadAll(out)
+	seen.Write(rest)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the job after attach: %v\n%s%s", err, seen.String(), stderr.String())
+	}
+	checkJob(t, seen.String())
+	if code != 0 {
+		t.Fatalf("attach exit %d\n%s", code, stderrA)
+	}
+	if s := strings.TrimSpace(stderrA); s != "" {
+		t.Logf("attach's stderr:\n%s", s)
+	}
+	check(t, "attach to rank 0", readMPIReport(t, []byte(report), "attach"))
+}
+
+// mpiRun runs the job for a second with each rank under hooktrace run,
+// reports to files so that stdout is the job's alone.
+func mpiRun(t *testing.T, mpirun string, mca []string, prog string, check func(*testing.T, string, *mpiReport)) {
+	dir := t.TempDir()
+	cmd := exec.Command(mpirun, mpirunArgs(mca, hooktraceBin, "run", "--fail-on", "none",
+		"--report", "rank-%r.json", "-o", "trace-%r.htr", "--", prog, "1")...)
+	cmd.Env = mpiEnv()
+	cmd.Dir = dir
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("mpirun: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+	checkJob(t, stdout.String())
+	for _, r := range []string{"0", "1"} {
+		data, err := os.ReadFile(filepath.Join(dir, "rank-"+r+".json"))
+		if err != nil {
+			t.Fatalf("rank %s: %v\n%s", r, err, stderr.String())
+		}
+		rep := readMPIReport(t, data, "rank "+r)
+		if rep.Stats.ExitStatus == nil || *rep.Stats.ExitStatus != 0 {
+			t.Errorf("rank %s: exit status %v in the report", r, rep.Stats.ExitStatus)
+		}
+		if rep.Stats.Calls["exec"] != 1 {
+			t.Errorf("rank %s: %d execs seen, want the rank's one", r, rep.Stats.Calls["exec"])
+		}
+		check(t, "run rank "+r, rep)
+		if _, err := os.Stat(filepath.Join(dir, "trace-"+r+".htr")); err != nil {
+			t.Errorf("rank %s: %v", r, err)
+		}
+	}
+}

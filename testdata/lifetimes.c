@@ -1,0 +1,167 @@
+/* Lock lifetimes, per kind. Each mode ends one lock's life and makes
+ * another at the same address; the analysis must keep them apart.
+ *   spin, rwlock:  a -> b; destroy and free both; two new locks c, d land at
+ *                  b's and a's addresses; c -> d. No cycle: b's and a's
+ *                  addresses are taken in both orders, but by different locks.
+ *   zeroed:        the same with mutexes that are zeroed memory, never
+ *                  initialised or destroyed: only the free ends them.
+ *   spin-same, rwlock-same, zeroed-same: the same locks taken b -> a
+ *                  afterwards: a cycle.
+ *   spininit:      only pthread_spin_init/destroy, never a lock or unlock.
+ *   writer, reader: one thread read-locks a rwlock twice; writer's prefers
+ *                  writers (PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP).
+ *   remutex:       a -> b; destroy and re-initialise both in place; a -> b and
+ *                  b -> a: a cycle between the new mutexes. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+
+static volatile int shared;
+
+/* The lock kind the spin and rwlock modes use, as calls on void *. */
+struct kind {
+	size_t size;
+	void (*init)(void *);
+	void (*destroy)(void *);
+	void (*lock)(void *);
+	void (*unlock)(void *);
+};
+
+static void spin_init(void *l) { pthread_spin_init(l, PTHREAD_PROCESS_PRIVATE); }
+static void spin_destroy(void *l) { pthread_spin_destroy(l); }
+static void spin_lock(void *l) { pthread_spin_lock(l); }
+static void spin_unlock(void *l) { pthread_spin_unlock(l); }
+static void rw_init(void *l) { pthread_rwlock_init(l, NULL); }
+static void rw_destroy(void *l) { pthread_rwlock_destroy(l); }
+static void rw_lock(void *l) { pthread_rwlock_wrlock(l); }
+static void rw_unlock(void *l) { pthread_rwlock_unlock(l); }
+
+static void zero_init(void *l) { memset(l, 0, sizeof(pthread_mutex_t)); }
+static void no_destroy(void *l) { (void)l; }
+static void mutex_lock(void *l) { pthread_mutex_lock(l); }
+static void mutex_unlock(void *l) { pthread_mutex_unlock(l); }
+
+static const struct kind spin = {sizeof(pthread_spinlock_t), spin_init, spin_destroy, spin_lock, spin_unlock};
+static const struct kind rwlock = {sizeof(pthread_rwlock_t), rw_init, rw_destroy, rw_lock, rw_unlock};
+static const struct kind zeroed = {sizeof(pthread_mutex_t), zero_init, no_destroy, mutex_lock, mutex_unlock};
+
+__attribute__((noinline)) static void take_in_order(const struct kind *k, void *first, void *second)
+{
+	k->lock(first);
+	k->lock(second);
+	shared++;
+	k->unlock(second);
+	k->unlock(first);
+}
+
+__attribute__((noinline)) static void *make_lock(const struct kind *k)
+{
+	/* Same size class for both kinds: the new locks reuse the old chunks. */
+	void *l = malloc(64);
+	k->init(l);
+	return l;
+}
+
+static int reuse(const struct kind *k, int same)
+{
+	void *a = make_lock(k), *b = make_lock(k);
+	take_in_order(k, a, b);
+	if (same) {
+		take_in_order(k, b, a);
+		return 0;
+	}
+	uintptr_t old_a = (uintptr_t)a, old_b = (uintptr_t)b;
+	k->destroy(a);
+	k->destroy(b);
+	free(a);
+	free(b);
+	/* The allocator's per-thread cache is last in, first out. */
+	void *c = make_lock(k), *d = make_lock(k);
+	if ((uintptr_t)c != old_b || (uintptr_t)d != old_a) {
+		fprintf(stderr, "new locks at %p %p, old at %#lx %#lx\n", c, d, (unsigned long)old_a, (unsigned long)old_b);
+		return 2;
+	}
+	take_in_order(k, c, d);
+	return 0;
+}
+
+static int spininit(void)
+{
+	pthread_spinlock_t *locks = calloc(1000, sizeof(*locks));
+	for (int i = 0; i < 1000; i++)
+		pthread_spin_init(&locks[i], PTHREAD_PROCESS_PRIVATE);
+	for (int i = 0; i < 1000; i++)
+		pthread_spin_destroy(&locks[i]);
+	free((void *)locks); /* pthread_spinlock_t is volatile int */
+	return 0;
+}
+
+__attribute__((noinline)) static void read_twice(pthread_rwlock_t *l)
+{
+	pthread_rwlock_rdlock(l);
+	pthread_rwlock_rdlock(l);
+	shared++;
+	pthread_rwlock_unlock(l);
+	pthread_rwlock_unlock(l);
+}
+
+static int reads(int writer)
+{
+	static pthread_rwlock_t table_lock;
+	pthread_rwlockattr_t attr;
+	pthread_rwlockattr_init(&attr);
+	if (writer)
+		pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&table_lock, &attr);
+	pthread_rwlockattr_destroy(&attr);
+	read_twice(&table_lock);
+	pthread_rwlock_destroy(&table_lock);
+	return 0;
+}
+
+static pthread_mutex_t mutex_a, mutex_b;
+
+static int remutex(void)
+{
+	pthread_mutex_init(&mutex_a, NULL);
+	pthread_mutex_init(&mutex_b, NULL);
+	pthread_mutex_lock(&mutex_a);
+	pthread_mutex_lock(&mutex_b);
+	pthread_mutex_unlock(&mutex_b);
+	pthread_mutex_unlock(&mutex_a);
+	pthread_mutex_destroy(&mutex_a);
+	pthread_mutex_destroy(&mutex_b);
+	pthread_mutex_init(&mutex_a, NULL);
+	pthread_mutex_init(&mutex_b, NULL);
+	pthread_mutex_lock(&mutex_a);
+	pthread_mutex_lock(&mutex_b);
+	pthread_mutex_unlock(&mutex_b);
+	pthread_mutex_unlock(&mutex_a);
+	pthread_mutex_lock(&mutex_b);
+	pthread_mutex_lock(&mutex_a);
+	pthread_mutex_unlock(&mutex_a);
+	pthread_mutex_unlock(&mutex_b);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 1 ? argv[1] : "";
+	if (!strcmp(mode, "spin") || !strcmp(mode, "spin-same"))
+		return reuse(&spin, mode[4] == '-');
+	if (!strcmp(mode, "rwlock") || !strcmp(mode, "rwlock-same"))
+		return reuse(&rwlock, mode[6] == '-');
+	if (!strcmp(mode, "zeroed") || !strcmp(mode, "zeroed-same"))
+		return reuse(&zeroed, mode[6] == '-');
+	if (!strcmp(mode, "spininit"))
+		return spininit();
+	if (!strcmp(mode, "writer") || !strcmp(mode, "reader"))
+		return reads(mode[0] == 'w');
+	if (!strcmp(mode, "remutex"))
+		return remutex();
+	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex\n");
+	return 2;
+}

@@ -1,0 +1,78 @@
+//go:build linux && amd64
+
+package tracer
+
+import "github.com/hooktrace/hooktrace/events"
+
+// probeCookie is what a uprobe's BPF cookie tells the probe: the layout of
+// COOKIE_* in bpf/hooktrace.h, whose shifts and widths are the generated
+// hooktraceCookieLayout constants.
+type probeCookie struct {
+	op  events.Op
+	adj uint16 // bytes pushed since the function's entry at the probe site
+	// user is the --probe index (user probes and return probes).
+	user uint32
+	// For allocator probes: how far back the allocator's code starts from
+	// the probe, and its length in 64 KiB units; 0, 0 when unknown.
+	back   uint32
+	length uint32
+	// For an unlock probe: the init whose entry point is the same address
+	// (the probe tells them apart by whether the thread holds the lock).
+	alias events.Op
+	// refires: the site can fire more than once in one call.
+	refires bool
+}
+
+const (
+	cookieOpShift    = uint64(hooktraceCookieLayoutCOOKIE_OP_SHIFT)
+	cookieOpBits     = uint64(hooktraceCookieLayoutCOOKIE_OP_BITS)
+	cookieAdjShift   = uint64(hooktraceCookieLayoutCOOKIE_ADJ_SHIFT)
+	cookieAdjBits    = uint64(hooktraceCookieLayoutCOOKIE_ADJ_BITS)
+	cookieUserShift  = uint64(hooktraceCookieLayoutCOOKIE_USER_SHIFT)
+	cookieAliasShift = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT)
+	cookieAliasBits  = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_BITS)
+	cookieRefires    = uint64(hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT)
+	cookieBackShift  = uint64(hooktraceCookieLayoutCOOKIE_BACK_SHIFT)
+	cookieBackBits   = uint64(hooktraceCookieLayoutCOOKIE_BACK_BITS)
+	cookieLenShift   = uint64(hooktraceCookieLayoutCOOKIE_LEN_SHIFT)
+	cookieLenBits    = uint64(hooktraceCookieLayoutCOOKIE_LEN_BITS)
+	cookieLenUnit    = uint64(hooktraceCookieLayoutCOOKIE_LEN_UNIT_SHIFT)
+)
+
+func field(v, shift, bits uint64) uint64 { return v >> shift & (1<<bits - 1) }
+
+// encode packs the cookie. The user index, the allocator range and the
+// alias share the high half: a probe sets one of them.
+func (c probeCookie) encode() uint64 {
+	return uint64(c.op)&(1<<cookieOpBits-1)<<cookieOpShift |
+		uint64(c.adj)&(1<<cookieAdjBits-1)<<cookieAdjShift |
+		uint64(c.user)<<cookieUserShift |
+		uint64(c.back)&(1<<cookieBackBits-1)<<cookieBackShift |
+		uint64(c.length)&(1<<cookieLenBits-1)<<cookieLenShift |
+		uint64(c.alias)&(1<<cookieAliasBits-1)<<cookieAliasShift |
+		b2u64(c.refires)<<cookieRefires
+}
+
+func b2u64(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// decodeCookie reads a cookie back; user, the range and the alias are all
+// filled from the shared high half.
+func decodeCookie(v uint64) probeCookie {
+	return probeCookie{
+		op:      events.Op(field(v, cookieOpShift, cookieOpBits)),
+		adj:     uint16(field(v, cookieAdjShift, cookieAdjBits)),
+		user:    uint32(v >> cookieUserShift),
+		back:    uint32(field(v, cookieBackShift, cookieBackBits)),
+		length:  uint32(field(v, cookieLenShift, cookieLenBits)),
+		alias:   events.Op(field(v, cookieAliasShift, cookieAliasBits)),
+		refires: field(v, cookieRefires, 1) != 0,
+	}
+}
+
+// rangeBytes is the allocator's length in bytes, as COOKIE_RANGE_LEN.
+func (c probeCookie) rangeBytes() uint64 { return uint64(c.length) << cookieLenUnit }
