@@ -24,8 +24,8 @@ func TestForkStorm(t *testing.T) {
 	const children, iters = 50, 200
 	run := func(t *testing.T, mode, trace string, args ...string) jsonReport {
 		t.Helper()
-		argv := append([]string{"run", "--follow-forks", "--mode", mode, "--format", "json", "--fail-on", "none", "-o", trace, "--", prog}, args...)
-		stdout, stderr, code := hooktrace(t, nil, argv...)
+		argv := append([]string{"--follow-forks", "--mode", mode, "--fail-on", "none", "-o", trace, "--", prog}, args...)
+		stdout, _, stderr, code := runJSON(t, argv...)
 		if code != 0 || strings.Contains(stderr, "DATA RACE") || strings.Contains(stderr, "fatal error") {
 			t.Fatalf("run: exit %d\n%s", code, stderr)
 		}

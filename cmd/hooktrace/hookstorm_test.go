@@ -20,7 +20,7 @@ func TestHookStormLosesNothing(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "hookstorm")
 	trace := filepath.Join(t.TempDir(), "h.htr")
-	stdout, stderr, code := hooktrace(t, nil, "run", "--format", "json", "--fail-on", "none", "-o", trace, "--", prog, "400", "4")
+	stdout, _, stderr, code := runJSON(t, "--fail-on", "none", "-o", trace, "--", prog, "400", "4")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}

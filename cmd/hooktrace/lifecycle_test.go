@@ -506,8 +506,8 @@ func TestRunLeavesDeadlockedTarget(t *testing.T) {
 // its SIGTERM; so do shells' bg and fg) must not leave it held in a
 // ptrace stop: it runs on and finishes.
 func TestContinuedTarget(t *testing.T) {
-	requireBPF(t)
-	life := buildC(t, "lifecycle")
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
 	ready := filepath.Join(t.TempDir(), "ready")
 	s := startHooktrace(t, hooktraceBin, "run", "--ready-file", ready, "--", life, "wait")
 	pid, _ := strconv.Atoi(strings.TrimSpace(waitFile(t, ready, s)))

@@ -23,7 +23,7 @@ func traceBothModes(t *testing.T, prog, mode string) (jsonReport, []finding) {
 	var reps [2]jsonReport
 	var fss [2][]finding
 	for i, m := range []string{"full", "aggregate"} {
-		stdout, stderr, code := hooktrace(t, nil, "run", "--format", "json", "--fail-on", "none", "--mode", m, "--", prog, mode)
+		stdout, _, stderr, code := runJSON(t, "--fail-on", "none", "--mode", m, "--", prog, mode)
 		if code != 0 {
 			t.Fatalf("%s --mode %s: hooktrace exit %d\n%s", mode, m, code, stderr)
 		}

@@ -48,7 +48,7 @@ func TestRecursiveSpinlockInMunmapHook(t *testing.T) {
 	checkNoErrors(t, "attach", stdout)
 
 	for _, mode := range []string{"full", "aggregate"} {
-		stdout, stderr, code := hooktrace(t, nil, "run", "--mode", mode, "--ring", "64M", "--format", "json",
+		stdout, _, stderr, code := runJSON(t, "--mode", mode, "--ring", "64M",
 			"--fail-on", "none", "--", prog, "3000")
 		if code != 0 {
 			t.Fatalf("run --mode %s exit %d\n%s", mode, code, stderr)
