@@ -37,7 +37,7 @@ lint:
 # (the tracer's reader, gate and status line share state). eBPF tests need
 # root; with CI set they fail instead of skipping when eBPF is unavailable.
 test: lint
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 45m ./...
 
 # Overhead of tracing a malloc + mutex workload: untraced, hooktrace, and the
 # counting-only floors, round-robin; prints a Markdown table. Needs root.

@@ -184,10 +184,16 @@ func (g *Gated) RunToExit(atExit, onFork, onExec func(pid int)) (syscall.WaitSta
 					follow(pid)
 					break
 				}
-				// A group stop (SIGSTOP and friends): stay stopped as
-				// the target would untraced, but keep watching.
-				syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_LISTEN, uintptr(pid), 0, 0, 0, 0)
-				continue
+				switch ws.StopSignal() {
+				case syscall.SIGSTOP, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU:
+					// A group stop (SIGSTOP and friends): stay stopped as
+					// the target would untraced, but keep watching.
+					syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_LISTEN, uintptr(pid), 0, 0, 0, 0)
+					continue
+				}
+				// A notification trap (SIGTRAP): a SIGCONT arrived (timeout
+				// sends one after its SIGTERM). The target would run on
+				// untraced; held here it would never see its signals.
 			default:
 				sig = int(ws.StopSignal())
 			}

@@ -501,3 +501,25 @@ func TestRunLeavesDeadlockedTarget(t *testing.T) {
 		t.Errorf("report: %d findings, stats %+v; want the deadlock and no exit status", len(r.Findings), r.Stats)
 	}
 }
+
+// TestContinuedTarget: a SIGCONT to the target (timeout sends one after
+// its SIGTERM; so do shells' bg and fg) must not leave it held in a
+// ptrace stop: it runs on and finishes.
+func TestContinuedTarget(t *testing.T) {
+	testenv.RequireBPF(t)
+	life := testenv.Program(t, "lifecycle")
+	ready := filepath.Join(t.TempDir(), "ready")
+	s := startHooktrace(t, hooktraceBin, "run", "--ready-file", ready, "--", life, "wait")
+	pid, _ := strconv.Atoi(strings.TrimSpace(waitFile(t, ready, s)))
+	if line, _ := s.stdout.ReadString('\n'); line != "waiting\n" {
+		t.Fatalf("target said %q", line)
+	}
+	syscall.Kill(pid, syscall.SIGCONT)
+	io.WriteString(s.stdin, "go on\n")
+	if rest, _ := s.stdout.ReadString('\n'); rest != "done\n" {
+		t.Errorf("the target after SIGCONT said %q", rest)
+	}
+	if code := s.wait(t); code != 0 {
+		t.Errorf("exit %d\n%s", code, s.stderr())
+	}
+}
