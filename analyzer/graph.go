@@ -74,8 +74,8 @@ type edge struct {
 	// sighting, besides from and to (guardSeen once there was one).
 	guards    []*instance
 	guardSeen bool
-	weight   uint64 // instance dependencies it stands for (fold.go)
-	gone     bool   // its instance was folded into a twin
+	weight    uint64 // instance dependencies it stands for (fold.go)
+	gone      bool   // its instance was folded into a twin
 	// Allocator → lock dependencies: how many sightings had each hold
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).

@@ -11,8 +11,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 // version is set with -ldflags "-X main.version=...".
@@ -131,8 +129,4 @@ func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 		}
 		return nil
 	}
-}
-
-func isSymbolError(err error) bool {
-	return errors.Is(err, symbolize.ErrSymbolNotFound) || errors.Is(err, symbolize.ErrStripped)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 func init() {
@@ -34,4 +35,9 @@ func tracerExitCode(err error) (int, bool) {
 		return exitKernelTask, true
 	}
 	return 0, false
+}
+
+// isSymbolError says whether err is a probe's symbol missing or stripped.
+func isSymbolError(err error) bool {
+	return errors.Is(err, symbolize.ErrSymbolNotFound) || errors.Is(err, symbolize.ErrStripped)
 }

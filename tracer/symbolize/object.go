@@ -1,3 +1,5 @@
+//go:build linux && amd64
+
 // Package symbolize is the tracer's object layer: it reads a traced
 // process's mappings (the one /proc/PID/maps parser) and the ELF files
 // behind them, and answers everything the tracer asks of those files:
