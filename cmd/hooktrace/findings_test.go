@@ -258,7 +258,7 @@ func TestHookContext(t *testing.T) {
 	ids := map[string]string{}
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
-			extra := []string{"--mode", mode}
+			extra := []string{"--recorder", "ebpf", "--mode", mode}
 			self := traceFindings(t, extra, prog, "self")
 			fs := ofKind(self, "self-deadlock", "error")
 			if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"hook_lock (hookctx)"}) || len(fs[0].Edges) != 2 ||
@@ -348,7 +348,7 @@ func TestGuardedCycle(t *testing.T) {
 	ids := map[string]string{}
 	for _, mode := range []string{"aggregate", "full"} {
 		t.Run(mode, func(t *testing.T) {
-			extra := []string{"--mode", mode}
+			extra := []string{"--recorder", "ebpf", "--mode", mode}
 			guarded := traceFindings(t, extra, prog)
 			if errs := ofKind(guarded, "lock-order-cycle", "error"); len(errs) != 0 {
 				t.Errorf("guarded: want no error, got %v", errs)

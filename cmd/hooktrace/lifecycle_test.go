@@ -231,7 +231,7 @@ func TestReadyFile(t *testing.T) {
 		if code := s.wait(t); code != 0 {
 			t.Fatalf("exit %d\n%s", code, s.stderr())
 		}
-		if !strings.Contains(s.stderr(), fmt.Sprintf("hooktrace: pid %d: ", pid)) || !strings.Contains(s.stderr(), "libc.so.6 (") {
+		if !strings.Contains(s.stderr(), fmt.Sprintf("hooktrace: pid %d: ", pid)) || !(strings.Contains(s.stderr(), "libc.so.6 (") || strings.Contains(s.stderr(), "libhooktrace_preload.so (")) {
 			t.Errorf("stderr does not say where the probes were placed:\n%s", s.stderr())
 		}
 		b, _ := os.ReadFile(report)
