@@ -34,9 +34,11 @@ func TestRecursiveSpinlockInMunmapHook(t *testing.T) {
 	if line, _ := out.ReadString('\n'); line != "ready\n" {
 		t.Fatalf("target said %q", line)
 	}
-	// A large ring: the test is only worth something on a complete trace.
+	// Default settings: the test is only worth something on a complete
+	// trace, and the default ring must give one (each hook path's raw
+	// stack is copied once).
 	stdout, stderr, code := hooktrace(t, nil, "attach", "--pid", fmt.Sprint(cmd.Process.Pid),
-		"--duration", "2s", "--ring", "64M", "--format", "json", "--fail-on", "none")
+		"--duration", "2s", "--format", "json", "--fail-on", "none")
 	io.WriteString(stdin, "stop\n")
 	rest, _ := io.ReadAll(out)
 	if err := cmd.Wait(); err != nil {
@@ -48,8 +50,7 @@ func TestRecursiveSpinlockInMunmapHook(t *testing.T) {
 	checkNoErrors(t, "attach", stdout)
 
 	for _, mode := range []string{"full", "aggregate"} {
-		stdout, stderr, code := hooktrace(t, nil, "run", "--mode", mode, "--ring", "64M", "--format", "json",
-			"--fail-on", "none", "--", prog, "3000")
+		stdout, _, stderr, code := runJSON(t, "--mode", mode, "--fail-on", "none", "--", prog, "3000")
 		if code != 0 {
 			t.Fatalf("run --mode %s exit %d\n%s", mode, code, stderr)
 		}
@@ -73,8 +74,10 @@ func checkNoErrors(t *testing.T, what, stdout string) {
 			t.Errorf("%s: impossible finding in a program that finished: %s", what, f.Title)
 		}
 	}
-	hook := ofKind(findings(t, stdout), "hook-lock", "info")
+	// A hook seen running under its own lock re-enters it through the
+	// recursive wrapper: a warning, not an error.
+	hook := ofKind(findings(t, stdout), "hook-lock", "warning")
 	if len(hook) == 0 || !strings.Contains(strings.Join(hook[0].Locks, " "), "event_lock") {
-		t.Errorf("%s: the hook's event_lock inside free was not reported", what)
+		t.Errorf("%s: the hook's event_lock inside free was not reported: %v", what, findings(t, stdout))
 	}
 }
