@@ -4,6 +4,7 @@ import (
 	"github.com/hooktrace/hooktrace/internal/testenv"
 
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -15,7 +16,7 @@ import (
 // nothing is lost now, every hook lock is counted, and the findings are
 // what a lossless run gives: one arena-lock cycle, error, whose hook edge
 // is unwound through glibc (shrink_heap: the arena lock is held), and
-// nothing else.
+// nothing else but its one-thread hazard.
 func TestHookStormLosesNothing(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "hookstorm")
@@ -33,7 +34,17 @@ func TestHookStormLosesNothing(t *testing.T) {
 	if madvise < 10000 || locks < madvise {
 		t.Errorf("calls: %d madvise, %d locks: want every hook's lock counted", madvise, locks)
 	}
-	fs := findings(t, stdout)
+	// Besides the cycle, the hazard of the same story on one thread
+	// (malloc under hook_lock can run the hook); a self-deadlock from lost
+	// unlocks, or anything else, is wrong.
+	var fs []finding
+	for _, f := range findings(t, stdout) {
+		if f.Kind == "self-deadlock" && strings.HasPrefix(f.Title, "self-deadlock hazard") &&
+			sameSet(f.Locks, []string{"hook_lock (hookstorm)"}) {
+			continue
+		}
+		fs = append(fs, f)
+	}
 	if len(fs) != 1 {
 		t.Fatalf("want exactly the arena-lock cycle, got %v", fs)
 	}
