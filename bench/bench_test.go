@@ -138,7 +138,7 @@ func BenchmarkOverhead(b *testing.B) {
 			check := ""
 			if c.Kind != Direct {
 				o.Checked++
-				if m := Mismatch(res.Traced, empty[c.Key].Traced, res.Own); m != "" {
+				if m := Mismatch(res.Traced, empty[c.Key].Traced, res.Own, uint64(*threads)); m != "" {
 					o.Mismatches = append(o.Mismatches, m)
 					check = "  counts differ: " + m
 				}

@@ -36,6 +36,9 @@ type Row struct {
 	VsUntraced       Ratio
 	VsAggregate      Ratio
 	VsFloor          Ratio
+	CPU              time.Duration // the median of the phase's CPU time
+	CPUVsUntraced    Ratio
+	CPUVsFloor       Ratio
 	NsPerCall        float64 // (median - untraced median) / the workload's calls
 	Lost             uint64  // the most of any round
 	Incomplete       int     // rounds whose report said INCOMPLETE
@@ -59,21 +62,33 @@ func Summarize(cfgs []Config, out map[string]Outcome) Summary {
 		}
 		return m
 	}
+	cpuByRound := func(key string) map[int]time.Duration {
+		m := map[int]time.Duration{}
+		for _, r := range out[key].Results {
+			m[r.Round] = r.CPU
+		}
+		return m
+	}
 	untraced := Row{}
 	for _, c := range cfgs {
 		o := out[c.Key]
 		row := Row{Config: c, Outcome: o, HasLost: c.Kind == Hooktrace, Counted: c.Kind != Direct}
 		if len(o.Results) > 0 {
 			ph := make([]time.Duration, len(o.Results))
+			cpu := make([]time.Duration, len(o.Results))
 			for i, r := range o.Results {
-				ph[i] = r.Phase
+				ph[i], cpu[i] = r.Phase, r.CPU
 				row.Lost = max(row.Lost, r.Lost)
 				if c.Kind == Hooktrace && !r.Complete {
 					row.Incomplete++
 				}
 			}
 			slices.Sort(ph)
+			slices.Sort(cpu)
 			row.Phase, row.Min, row.Max = medianOf(ph), ph[0], ph[len(ph)-1]
+			row.CPU = medianOf(cpu)
+			row.CPUVsUntraced = ratio(cpuByRound(c.Key), cpuByRound("untraced"))
+			row.CPUVsFloor = ratio(cpuByRound(c.Key), cpuByRound("floor"))
 			mine := byRound(c.Key)
 			row.VsUntraced = ratio(mine, byRound("untraced"))
 			row.VsAggregate = ratio(mine, byRound("aggregate"))
@@ -84,7 +99,7 @@ func Summarize(cfgs []Config, out map[string]Outcome) Summary {
 				var calls uint64
 				own := o.Results[0].Own
 				for _, k := range Checked {
-					if k != "mmap" && k != "munmap" {
+					if !isSyscall(k) {
 						calls += own[k]
 					}
 				}
@@ -169,8 +184,8 @@ func fmtDur(d time.Duration) string {
 func (s Summary) Markdown(workload string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", workload)
-	b.WriteString("| configuration | phase, median (range) | × untraced | × eBPF aggregate | × floor | ns/call over untraced | lost events | counts = workload's |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("| configuration | phase, median (range) | × untraced | × eBPF aggregate | × floor | phase CPU | CPU × untraced | CPU × floor | ns/call over untraced | lost events | counts = workload's |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range s.Rows {
 		o := r.Outcome
 		if len(o.Results) == 0 {
@@ -178,7 +193,7 @@ func (s Summary) Markdown(workload string) string {
 			if o.Failed != "" {
 				why = "failed: " + firstLine(o.Failed)
 			}
-			fmt.Fprintf(&b, "| %s | %s | | | | | | |\n", r.Config.Name, why)
+			fmt.Fprintf(&b, "| %s | %s | | | | | | | | | |\n", r.Config.Name, why)
 			continue
 		}
 		phase := fmtDur(r.Phase)
@@ -212,18 +227,23 @@ func (s Summary) Markdown(workload string) string {
 		if r.Config.Key == "floor" {
 			vsFloor = "1"
 		}
-		vsUn := r.VsUntraced.String()
+		vsUn, cpuUn, cpuFloor := r.VsUntraced.String(), r.CPUVsUntraced.String(), r.CPUVsFloor.String()
 		if r.Config.Key == "untraced" {
-			vsUn, vsAgg, vsFloor = "1", "–", "–"
+			vsUn, vsAgg, vsFloor, cpuUn, cpuFloor = "1", "–", "–", "1", "–"
+		}
+		if r.Config.Key == "floor" {
+			cpuFloor = "1"
 		}
 		if o.Failed != "" {
 			counts += "; then failed: " + firstLine(o.Failed)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.Config.Name, phase, vsUn, vsAgg, vsFloor, perCall, lost, counts)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Config.Name, phase, vsUn, vsAgg, vsFloor, fmtDur(r.CPU), cpuUn, cpuFloor, perCall, lost, counts)
 	}
 	b.WriteString("\nThe phase is the workload's own timing of its loop (start-up and attaching are outside it). " +
 		"Ratios are per round (the configurations of a round ran one after another), median and range over the rounds. " +
+		"Phase CPU is the workload process's user + system time in the phase (all threads, the kernel's probe handling included, " +
+		"a tracer's own process not): steadier than wall time on a loaded machine. " +
 		"ns/call is the median phase less the untraced median, over the workload's lock, unlock, malloc and free calls.\n")
 
 	targets := s.Targets()
@@ -258,7 +278,8 @@ func (s Summary) Targets() []Target {
 	}
 	if hasAgg {
 		if _, ok := s.Row("floor"); ok {
-			ts = append(ts, Target{"eBPF aggregate ≤ 1.2x its floor", agg.VsFloor.String(), agg.VsFloor.Median <= 1.2})
+			ts = append(ts, Target{"eBPF aggregate ≤ 1.2x its floor", agg.VsFloor.String() + " wall, " + agg.CPUVsFloor.String() + " CPU",
+				agg.VsFloor.Median <= 1.2})
 		}
 	}
 	for _, r := range s.Rows {

@@ -10,16 +10,21 @@
  * moment every thread is done, so that start-up and a tracer's attach are
  * not counted, and then writes one line to OUT (stdout when absent or "-"):
  *
- *     phase_ns=N pthread_mutex_lock=N pthread_mutex_unlock=N malloc=N free=N big=N
+ *     phase_ns=N cpu_ns=N pthread_mutex_lock=N pthread_mutex_unlock=N malloc=N free=N big=N
  *
- * with the calls it made itself in that phase, under the names hooktrace
- * counts them by. Exit 0, or 2 on bad arguments.
+ * with the phase's wall time, the process's CPU time in it (user + system,
+ * all threads: a probe's kernel work counts, and it is steadier than wall
+ * time on a loaded machine), and the calls it made itself in that phase,
+ * under the names hooktrace counts them by. Exit 0, or 2 on bad arguments.
  *
  * These are the only calls to those functions after start-up: each thread
  * allocates once before the phase (its arena and tcache exist before it),
  * and none exits before the process does (an exiting thread frees its
  * tcache's blocks through free, a number that depends on the run). So a
- * tracer's counts minus a run with ITERS=0 equal these, exactly.
+ * tracer's counts minus a run with ITERS=0 equal these, exactly; each
+ * mapped block is one mmap and one munmap, give or take one per thread
+ * (glibc maps an arena with one or two of each, depending on where the
+ * kernel put it).
  */
 #include <malloc.h>
 #include <pthread.h>
@@ -27,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -111,6 +117,11 @@ static void *work(void *arg)
 	return NULL;
 }
 
+static long long tv_ns(struct timeval tv)
+{
+	return (long long)tv.tv_sec * 1000000000LL + (long long)tv.tv_usec * 1000LL;
+}
+
 int main(int argc, char **argv)
 {
 	int threads = 2;
@@ -144,10 +155,13 @@ int main(int argc, char **argv)
 		}
 	}
 	struct timespec t0, t1;
+	struct rusage r0, r1;
 	pthread_barrier_wait(&ready);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	getrusage(RUSAGE_SELF, &r0);
 	pthread_barrier_wait(&done);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
+	getrusage(RUSAGE_SELF, &r1);
 
 	struct counts n = {0};
 	for (int i = 0; i < threads; i++) {
@@ -170,8 +184,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	long long ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
-	fprintf(f, "phase_ns=%lld pthread_mutex_lock=%lu pthread_mutex_unlock=%lu malloc=%lu free=%lu big=%lu\n",
-		ns, n.lock, n.unlock, n.malloc, n.free, n.big);
+	long long cpu = tv_ns(r1.ru_utime) + tv_ns(r1.ru_stime) - tv_ns(r0.ru_utime) - tv_ns(r0.ru_stime);
+	fprintf(f, "phase_ns=%lld cpu_ns=%lld pthread_mutex_lock=%lu pthread_mutex_unlock=%lu malloc=%lu free=%lu big=%lu\n",
+		ns, cpu, n.lock, n.unlock, n.malloc, n.free, n.big);
 	if (f != stdout && fclose(f) != 0) {
 		perror(out);
 		return 1;
