@@ -13,8 +13,12 @@ import (
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
-var hookRounds = flag.Int("hook-rounds", envInt("HOOKTRACE_BENCH_HOOK_ROUNDS", 1000),
-	"batches of frees per thread in the hook workload (env HOOKTRACE_BENCH_HOOK_ROUNDS)")
+var (
+	hookRounds = flag.Int("hook-rounds", envInt("HOOKTRACE_BENCH_HOOK_ROUNDS", 1000),
+		"batches of frees per thread in the hook workload (env HOOKTRACE_BENCH_HOOK_ROUNDS)")
+	hookThreads = flag.Int("hook-threads", envInt("HOOKTRACE_BENCH_HOOK_THREADS", 4),
+		"threads of the hook workload (env HOOKTRACE_BENCH_HOOK_THREADS)")
+)
 
 // BenchmarkHookRing measures the ring buffer's bandwidth under a memory-hook
 // workload (../testdata/hookstorm.c): threads whose frees trim the heap,
@@ -26,7 +30,7 @@ var hookRounds = flag.Int("hook-rounds", envInt("HOOKTRACE_BENCH_HOOK_ROUNDS", 1
 func BenchmarkHookRing(b *testing.B) {
 	testenv.RequireBPF(b)
 	prog := testenv.Program(b, "hookstorm")
-	argv := []string{prog, strconv.Itoa(*hookRounds), strconv.Itoa(*threads)}
+	argv := []string{prog, strconv.Itoa(*hookRounds), strconv.Itoa(*hookThreads)}
 	for _, mode := range []string{tracer.ModeAggregate, tracer.ModeFull} {
 		r, err := RunRing(tracer.Options{Mode: mode, Warn: func(s string) { b.Log("warning:", s) }}, argv)
 		if err != nil {
