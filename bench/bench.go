@@ -90,13 +90,12 @@ func Select(list string) ([]Config, error) {
 	for _, k := range names {
 		want[k] = true
 	}
-	var out, known []string
+	var known []string
 	var cfgs []Config
 	for _, c := range Configs() {
 		known = append(known, c.Key)
 		if (len(names) == 0 && c.Default) || want[c.Key] {
 			cfgs = append(cfgs, c)
-			out = append(out, c.Key)
 		}
 		delete(want, c.Key)
 	}
