@@ -6,9 +6,9 @@
  *
  *     workload [ITERS [THREADS [MUTEXES [OUT]]]]
  *
- * It times its own phase, from the moment every thread is ready to the
- * moment every thread is done, so that start-up and a tracer's attach are
- * not counted, and then writes one line to OUT (stdout when absent or "-"):
+ * It times its own phase, from the first worker's start (once every thread
+ * is ready) to the last one's end, so that start-up and a tracer's attach
+ * are not counted, and then writes one line to OUT (stdout when absent or "-"):
  *
  *     phase_ns=N cpu_ns=N pthread_mutex_lock=N pthread_mutex_unlock=N malloc=N free=N big=N
  *
@@ -56,6 +56,7 @@ struct worker {
 	pthread_t t;
 	int id;
 	struct counts n;
+	struct timespec start, end;
 };
 
 static struct slot slots[MAX_MUTEXES];
@@ -83,6 +84,7 @@ static void *work(void *arg)
 	ESCAPE(warm);
 	free(warm);
 	pthread_barrier_wait(&ready);
+	clock_gettime(CLOCK_MONOTONIC, &w->start);
 	for (long i = 0; i < iters; i++) {
 		struct slot *s = &slots[next(&seed) % (uint32_t)nmutex];
 		pthread_mutex_lock(&s->mu);
@@ -111,10 +113,16 @@ static void *work(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		w->n.unlock++;
 	}
+	clock_gettime(CLOCK_MONOTONIC, &w->end);
 	pthread_barrier_wait(&done);
 	for (;;)
 		pause(); /* until exit ends the process */
 	return NULL;
+}
+
+static long long ts_ns(struct timespec t)
+{
+	return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
 static long long tv_ns(struct timeval tv)
@@ -154,14 +162,22 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	struct timespec t0, t1;
+	/* The workers time themselves: on a busy machine main may get the CPU
+	 * back only after they are done. CPU time is the whole process's,
+	 * taken while the workers wait. */
 	struct rusage r0, r1;
-	pthread_barrier_wait(&ready);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
 	getrusage(RUSAGE_SELF, &r0);
+	pthread_barrier_wait(&ready);
 	pthread_barrier_wait(&done);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
 	getrusage(RUSAGE_SELF, &r1);
+	long long first = -1, last = 0;
+	for (int i = 0; i < threads; i++) {
+		long long a = ts_ns(w[i].start), b = ts_ns(w[i].end);
+		if (first < 0 || a < first)
+			first = a;
+		if (b > last)
+			last = b;
+	}
 
 	struct counts n = {0};
 	for (int i = 0; i < threads; i++) {
@@ -183,7 +199,7 @@ int main(int argc, char **argv)
 		perror(out);
 		return 1;
 	}
-	long long ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+	long long ns = last - first;
 	long long cpu = tv_ns(r1.ru_utime) + tv_ns(r1.ru_stime) - tv_ns(r0.ru_utime) - tv_ns(r0.ru_stime);
 	fprintf(f, "phase_ns=%lld cpu_ns=%lld pthread_mutex_lock=%lu pthread_mutex_unlock=%lu malloc=%lu free=%lu big=%lu\n",
 		ns, cpu, n.lock, n.unlock, n.malloc, n.free, n.big);
