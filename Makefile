@@ -39,16 +39,20 @@ lint:
 test: lint
 	$(GO) test -race -count=1 -timeout 45m ./...
 
-# Overhead of tracing a malloc + mutex workload: untraced, hooktrace, and the
-# counting-only floors, round-robin; prints a Markdown table. Needs root.
-# BENCH_ROUNDS, BENCH_ITERS (per thread), BENCH_THREADS, BENCH_CONFIGS tune it.
-BENCH_ROUNDS ?= 3
+# Overhead of tracing a workload that allocates under locks: untraced,
+# hooktrace's recorders and modes, the eBPF floor, TSan and Helgrind,
+# round-robin; prints a Markdown table (bench/README.md). Needs root.
+# BENCH_ROUNDS, BENCH_ITERS (lock holds per thread), BENCH_THREADS,
+# BENCH_MUTEXES and BENCH_CONFIGS (comma-separated keys) tune it.
+BENCH_ROUNDS ?= 5
 BENCH_ITERS ?= 100000
-BENCH_THREADS ?= 4
+BENCH_THREADS ?= 2
+BENCH_MUTEXES ?= 4
 BENCH_CONFIGS ?=
 bench: build
 	HOOKTRACE_BENCH_ROUNDS=$(BENCH_ROUNDS) HOOKTRACE_BENCH_ITERS=$(BENCH_ITERS) \
-	HOOKTRACE_BENCH_THREADS=$(BENCH_THREADS) HOOKTRACE_BENCH_CONFIGS=$(BENCH_CONFIGS) \
+	HOOKTRACE_BENCH_THREADS=$(BENCH_THREADS) HOOKTRACE_BENCH_MUTEXES=$(BENCH_MUTEXES) \
+	HOOKTRACE_BENCH_CONFIGS="$(BENCH_CONFIGS)" HOOKTRACE_BENCH_BIN=$(CURDIR)/bin/hooktrace \
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 0 ./bench/
 
 # The reference registration cache, legacy and fixed, traced for real

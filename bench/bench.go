@@ -1,475 +1,333 @@
 //go:build linux && amd64
 
-// Package bench measures what tracing costs a multi-threaded malloc + mutex
-// workload: untraced, under hooktrace (aggregate and full modes), and under
-// two floors — the same probe sites attached to a BPF program that only
-// counts, and that program at the functions' first instructions, where a
-// naive uprobe tracer puts its probes. `make bench` runs it.
+// Package bench measures what tracing costs a workload that allocates
+// under locks (testdata/workload.c): untraced, under `hooktrace run` with
+// each recorder and mode, at the floor of the eBPF path (hooktrace's probe
+// sites attached to a BPF program that only counts), as a -fsanitize=thread
+// build, and under Helgrind. The workload times its own phase and counts
+// its own calls; `make bench` runs it and prints a Markdown table.
 package bench
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
+	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/tracer"
 )
 
-// Config is one way of running the workload.
+// Kind is how a configuration runs the workload.
+type Kind int
+
+const (
+	// Direct runs the workload's executable, under Wrap when set.
+	Direct Kind = iota
+	// Hooktrace runs it under `hooktrace run`.
+	Hooktrace
+	// Floor runs it behind hooktrace's gate with floor.c's counting-only
+	// program at hooktrace's probe sites.
+	Floor
+)
+
+// Config is one way of running the workload. The list in Configs is the
+// whole of what the bench knows about each: a new recorder or tool is one
+// entry there.
 type Config struct {
-	Key    string // short name, for metrics
-	Name   string // for the table
-	Traced bool
-	Opts   tracer.Options // hooktrace's, when traced and not a floor
-	// Floor runs the counting-only program of floor.c instead of
-	// hooktrace, at hooktrace's sites or, with AtEntry, at the functions'
-	// first instructions.
-	Floor, AtEntry bool
-	// Preload records with the preloaded library instead of eBPF.
-	Preload bool
-	// TSan runs the workload rebuilt with -fsanitize=thread, untraced: the
-	// reference a user would otherwise reach for.
+	Key  string // what HOOKTRACE_BENCH_CONFIGS names it by
+	Name string // for the table
+	Kind Kind
+	// TSan: the workload built with -fsanitize=thread (Direct).
 	TSan bool
+	// Wrap is a command the workload runs under (Direct), such as
+	// valgrind; the configuration is unavailable when Wrap[0] is not
+	// installed.
+	Wrap []string
+	// Recorder is `hooktrace run --recorder`'s value (Hooktrace). A
+	// binary without the flag records with eBPF, so "ebpf" then runs
+	// without it, and any other recorder is unavailable.
+	Recorder string
+	// Args are more `hooktrace run` flags (Hooktrace).
+	Args []string
+	// AtEntry puts the floor's probes at the functions' first
+	// instructions, where a naive uprobe tracer puts them (Floor).
+	AtEntry bool
+	// Default: run when HOOKTRACE_BENCH_CONFIGS is empty.
+	Default bool
 }
 
-// Configs are the configurations, in the order they run in each round.
+// Configs are every configuration, in the order they run in a round and
+// appear in the table.
 func Configs() []Config {
 	return []Config{
-		{Key: "untraced", Name: "untraced"},
-		{Key: "floor", Name: "floor at hooktrace's sites", Traced: true, Floor: true},
-		{Key: "entry", Name: "floor at function entries", Traced: true, Floor: true, AtEntry: true},
-		{Key: "aggregate", Name: "hooktrace (aggregate, default)", Traced: true,
-			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
-		{Key: "full", Name: "hooktrace (full)", Traced: true,
-			Opts: tracer.Options{Mode: tracer.ModeFull}},
-		{Key: "preload", Name: "hooktrace --recorder preload (aggregate)", Traced: true, Preload: true,
-			Opts: tracer.Options{Mode: tracer.ModeAggregate}},
-		{Key: "preload-full", Name: "hooktrace --recorder preload (full)", Traced: true, Preload: true,
-			Opts: tracer.Options{Mode: tracer.ModeFull}},
-		{Key: "tsan", Name: "TSan rebuild (-fsanitize=thread), untraced", TSan: true},
+		{Key: "untraced", Name: "untraced", Kind: Direct, Default: true},
+		{Key: "aggregate", Name: "hooktrace eBPF, aggregate (default mode)", Kind: Hooktrace, Recorder: "ebpf",
+			Args: []string{"--mode", "aggregate"}, Default: true},
+		{Key: "full", Name: "hooktrace eBPF, full", Kind: Hooktrace, Recorder: "ebpf",
+			Args: []string{"--mode", "full"}, Default: true},
+		// The user-space recorder; a binary under test without
+		// `--recorder preload` gets a row that says so.
+		{Key: "preload", Name: "hooktrace preload recorder, aggregate", Kind: Hooktrace, Recorder: "preload",
+			Args: []string{"--mode", "aggregate"}, Default: true},
+		{Key: "preload-full", Name: "hooktrace preload recorder, full", Kind: Hooktrace, Recorder: "preload",
+			Args: []string{"--mode", "full"}},
+		{Key: "floor", Name: "floor: counting uprobes at hooktrace's sites", Kind: Floor, Default: true},
+		{Key: "entry", Name: "floor at the functions' entries", Kind: Floor, AtEntry: true},
+		{Key: "tsan", Name: "TSan (-fsanitize=thread build)", Kind: Direct, TSan: true, Default: true},
+		{Key: "helgrind", Name: "Helgrind (valgrind --tool=helgrind)", Kind: Direct,
+			Wrap: []string{"valgrind", "--tool=helgrind", "-q"}, Default: true},
 	}
 }
 
-// source is either recorder: the BPF tracer or the preloaded library.
-type source interface {
-	Attach(pid int, exe string) error
-	Sites() []events.ProbeSite
-	Allocator() string
-	Run(stop <-chan struct{}, emit func(*events.Record) error) error
-	Events() uint64
-	Lost() uint64
-	Calls() map[string]uint64
-	Close() error
+// Select picks the configurations a comma- or space-separated list names,
+// in Configs' order, with untraced always first; the defaults when the
+// list is empty.
+func Select(list string) ([]Config, error) {
+	want := map[string]bool{"untraced": true}
+	names := strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' })
+	for _, k := range names {
+		want[k] = true
+	}
+	var known []string
+	var cfgs []Config
+	for _, c := range Configs() {
+		known = append(known, c.Key)
+		if (len(names) == 0 && c.Default) || want[c.Key] {
+			cfgs = append(cfgs, c)
+		}
+		delete(want, c.Key)
+	}
+	for k := range want {
+		return nil, fmt.Errorf("unknown configuration %q (known: %s)", k, strings.Join(known, ", "))
+	}
+	return cfgs, nil
+}
+
+// Counts are calls by name, as hooktrace's stats.calls spells them.
+type Counts map[string]uint64
+
+// Checked are the calls whose counts are compared with the workload's
+// own: its API calls, and the mmap and munmap of each mapped block.
+var Checked = []string{"pthread_mutex_lock", "pthread_mutex_unlock", "malloc", "free", "mmap", "munmap"}
+
+// Own is what the workload reports of its phase.
+type Own struct {
+	Phase time.Duration // wall time
+	CPU   time.Duration // the process's user + system time in the phase
+	Calls Counts        // the Checked calls
+}
+
+// ParseOwn reads the workload's line:
+// "phase_ns=N cpu_ns=N pthread_mutex_lock=N ... big=N". Each mapped block is one
+// mmap and one munmap.
+func ParseOwn(line string) (Own, error) {
+	own := Own{Calls: Counts{}}
+	seen := map[string]bool{}
+	for _, f := range strings.Fields(line) {
+		k, v, ok := strings.Cut(f, "=")
+		n, err := strconv.ParseUint(v, 10, 64)
+		if !ok || err != nil {
+			return Own{}, fmt.Errorf("reading the workload's counts %q: bad field %q", line, f)
+		}
+		seen[k] = true
+		switch k {
+		case "phase_ns":
+			own.Phase = time.Duration(n)
+		case "cpu_ns":
+			own.CPU = time.Duration(n)
+		case "big":
+			own.Calls["mmap"], own.Calls["munmap"] = n, n
+		default:
+			own.Calls[k] = n
+		}
+	}
+	for _, k := range []string{"phase_ns", "cpu_ns", "pthread_mutex_lock", "pthread_mutex_unlock", "malloc", "free", "big"} {
+		if !seen[k] {
+			return Own{}, fmt.Errorf("reading the workload's counts %q: no %s", line, k)
+		}
+	}
+	return own, nil
 }
 
 // Result is one run of one configuration.
 type Result struct {
-	Wall time.Duration // from letting the target exec to its exit
-	CPU  time.Duration // the target's user + system time (probe handling included)
-	// ReaderCPU is this process's own CPU time while the target ran: the
-	// tracer reading, converting and encoding the stream.
-	ReaderCPU time.Duration
-	Hits      uint64 // uprobe hits: the floor's counter, or hooktrace's per-op counts
-	Lost      uint64
-	Records   uint64 // records the tracer handed out
-	Bytes     int64  // their size encoded as a trace file
-	// What crossed the kernel's ring buffer: records (events, stacks, raw
-	// stack samples) and bytes.
-	RingRecords, RingBytes uint64
+	Round int
+	// The phase's wall and CPU time, as the workload measured them.
+	Phase, CPU time.Duration
+	Own        Counts // the workload's own counts of its phase
+	// Traced are the tracer's counts of the whole run (hooktrace's
+	// stats.calls); for the floor, "hits" is its counter.
+	Traced Counts
+	Lost   uint64
+	// Complete is the report's verdict (hooktrace only).
+	Complete bool
 }
 
-// countingWriter counts what the trace-file writer produces.
-type countingWriter struct{ n int64 }
-
-func (c *countingWriter) Write(b []byte) (int, error) {
-	c.n += int64(len(b))
-	return len(b), nil
+// Runner runs the workload under the configurations.
+type Runner struct {
+	Plain, TSan string // the workload's executables
+	Hooktrace   string // the hooktrace binary under test
+	Dir         string // for outputs
+	Warn        func(string)
+	recorders   *bool // whether Hooktrace has --recorder, once asked
 }
 
-// Run runs argv once under cfg. The target always starts behind the gate,
-// traced or not, so every configuration pays the same start-up.
-func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
-	var res Result
-	if cfg.TSan {
-		argv = append([]string{argv[0] + TSanSuffix}, argv[1:]...)
-	}
-	var (
-		src source
-		tr  *tracer.Tracer
-		pre *tracer.Preload
-		err error
-	)
-	if cfg.Traced && !cfg.Floor {
-		opts := cfg.Opts
-		opts.Warn = warn
-		if cfg.Preload {
-			pre, err = tracer.NewPreload(opts)
-			src = pre
-		} else {
-			tr, err = tracer.New(opts)
-			src = tr
+// Available says why cfg cannot run here, or "".
+func (r *Runner) Available(cfg Config) string {
+	switch {
+	case cfg.TSan && r.TSan == "":
+		return "no -fsanitize=thread build (gcc with libtsan)"
+	case len(cfg.Wrap) > 0:
+		if _, err := exec.LookPath(cfg.Wrap[0]); err != nil {
+			return cfg.Wrap[0] + " is not installed"
 		}
-		if err != nil {
-			return res, err
-		}
-		defer src.Close()
+	case cfg.Kind == Hooktrace && cfg.Recorder != "ebpf" && !r.hasRecorders():
+		return fmt.Sprintf("this hooktrace has no --recorder flag, so no %s recorder", cfg.Recorder)
 	}
-	var g *tracer.Gated
-	if pre != nil {
-		g, err = tracer.StartGatedEnv(argv, pre.Env(os.Environ()), pre.Files())
-	} else {
-		g, err = tracer.StartGated(argv)
+	return ""
+}
+
+// hasRecorders asks the binary under test whether `run` takes --recorder.
+func (r *Runner) hasRecorders() bool {
+	if r.recorders == nil {
+		out, _ := exec.Command(r.Hooktrace, "run", "--help").CombinedOutput()
+		has := bytes.Contains(out, []byte("--recorder"))
+		r.recorders = &has
 	}
+	return *r.recorders
+}
+
+// Run runs the workload once under cfg with argv's arguments (ITERS
+// THREADS MUTEXES); the workload writes its counts to a file.
+func (r *Runner) Run(cfg Config, round int, args []string) (Result, error) {
+	res := Result{Round: round}
+	dir, err := os.MkdirTemp(r.Dir, cfg.Key+"-")
 	if err != nil {
 		return res, err
 	}
-	var fl *floor
-	if cfg.Floor {
-		if fl, err = attachFloor(g, cfg.AtEntry, warn); err != nil {
-			g.Abort()
-			return res, err
-		}
-		defer fl.close()
+	defer os.RemoveAll(dir)
+	ownFile := filepath.Join(dir, "own.txt")
+	prog := r.Plain
+	if cfg.TSan {
+		prog = r.TSan
 	}
-	var (
-		stop     = make(chan struct{})
-		done     = make(chan error, 1)
-		sink     countingWriter
-		writeErr error
-	)
-	if src != nil {
-		if err := src.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
-			g.Abort()
+	argv := append(append([]string{prog}, args...), ownFile)
+	var stderr bytes.Buffer
+	switch cfg.Kind {
+	case Direct:
+		argv = append(append([]string(nil), cfg.Wrap...), argv...)
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		if err := cmd.Run(); err != nil {
+			return res, fmt.Errorf("%s: %w\n%s", strings.Join(argv, " "), err, tail(stderr.String()))
+		}
+	case Hooktrace:
+		report := filepath.Join(dir, "report.json")
+		run := []string{"run"}
+		if r.hasRecorders() {
+			run = append(run, "--recorder", cfg.Recorder)
+		}
+		run = append(run, cfg.Args...)
+		run = append(run, "--fail-on", "none", "-o", filepath.Join(dir, "trace.htr"), "--report", "json:"+report, "--")
+		cmd := exec.Command(r.Hooktrace, append(run, argv...)...)
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		if err := cmd.Run(); err != nil {
+			return res, fmt.Errorf("hooktrace %s: %w\n%s", strings.Join(run, " "), err, tail(stderr.String()))
+		}
+		if res.Traced, res.Lost, res.Complete, err = readReport(report); err != nil {
 			return res, err
 		}
-		// What a real run does with the stream: encode it as a trace file.
-		w := events.NewWriter(&sink)
-		mode := cfg.Opts.Mode
-		if mode == "" {
-			mode = tracer.ModeAggregate
-		}
-		h := &events.Header{Version: events.Version, Tool: "hooktrace bench", Command: argv,
-			Exe: g.Path, Clock: "CLOCK_MONOTONIC", Mode: mode, Probes: src.Sites(), Allocator: src.Allocator()}
-		if err := w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
-			g.Abort()
+	case Floor:
+		hits, err := runFloor(argv, cfg.AtEntry, r.Warn)
+		if err != nil {
 			return res, err
 		}
-		go func() {
-			err := src.Run(stop, func(r *events.Record) error {
-				res.Records++
-				if err := w.Write(r); err != nil && writeErr == nil {
-					writeErr = err
-				}
-				return nil
-			})
-			if err == nil {
-				err = w.Write(&events.Record{Kind: events.RecFooter, Footer: &events.Footer{
-					Events: src.Events(), Lost: src.Lost(), Calls: src.Calls()}})
-			}
-			if cerr := w.Close(); err == nil {
-				err = cerr
-			}
-			done <- err
-		}()
+		res.Traced = Counts{"hits": hits}
 	}
-	self0 := selfCPU()
-	start := time.Now()
-	if err := g.Open(); err != nil {
-		g.Cmd.Process.Kill()
-		g.Cmd.Wait()
-		if src != nil {
-			close(stop)
-			<-done
-		}
+	b, err := os.ReadFile(ownFile)
+	if err != nil {
+		return res, fmt.Errorf("reading the workload's counts: %w", err)
+	}
+	own, err := ParseOwn(strings.TrimSpace(string(b)))
+	if err != nil {
 		return res, err
 	}
-	waitErr := g.Cmd.Wait()
-	res.Wall = time.Since(start)
-	res.ReaderCPU = selfCPU() - self0
-	if ps := g.Cmd.ProcessState; ps != nil {
-		res.CPU = ps.UserTime() + ps.SystemTime()
-	}
-	if src != nil {
-		close(stop)
-		if err := <-done; err != nil {
-			return res, fmt.Errorf("tracing: %w", err)
-		}
-		if writeErr != nil {
-			return res, fmt.Errorf("encoding the trace: %w", writeErr)
-		}
-		res.Lost = src.Lost()
-		res.Bytes = sink.n
-		if tr != nil {
-			res.RingRecords, res.RingBytes = tr.RingRead()
-		}
-		res.Hits = uprobeHits(src.Calls())
-	}
-	if fl != nil {
-		if res.Hits, err = fl.hits(); err != nil {
-			return res, err
-		}
-	}
-	if waitErr != nil {
-		return res, fmt.Errorf("the workload: %w", waitErr)
-	}
+	res.Phase, res.CPU, res.Own = own.Phase, own.CPU, own.Calls
 	return res, nil
 }
 
-// selfCPU is this process's user + system time so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// uprobeHits sums the counts of the calls seen by uprobes: the memory
-// syscalls and thread events come from tracepoints, which the floors do
-// not attach.
-func uprobeHits(calls map[string]uint64) uint64 {
-	var n uint64
-	for name, c := range calls {
-		op, ok := events.OpByName(name)
-		if !ok || op.IsMemSyscall() || op == events.OpThreadCreate || op == events.OpThreadExit || op == events.OpExec {
-			continue
-		}
-		n += c
-	}
-	return n
-}
-
-// Row is one configuration's medians.
-type Row struct {
-	Config  Config
-	Runs    int
-	Wall    time.Duration
-	CPU     time.Duration
-	Reader  time.Duration
-	Hits    uint64
-	Lost    uint64 // the largest of any run
-	Records uint64
-	Bytes   int64
-}
-
-// Summary is a whole benchmark's result.
-type Summary struct {
-	Rows []Row
-}
-
-// Summarize takes each configuration's medians, in the order of cfgs.
-func Summarize(cfgs []Config, results map[string][]Result) Summary {
-	var s Summary
-	for _, c := range cfgs {
-		rs := results[c.Key]
-		if len(rs) == 0 {
-			continue
-		}
-		row := Row{Config: c, Runs: len(rs),
-			Wall:    median(rs, func(r Result) time.Duration { return r.Wall }),
-			CPU:     median(rs, func(r Result) time.Duration { return r.CPU }),
-			Reader:  median(rs, func(r Result) time.Duration { return r.ReaderCPU }),
-			Hits:    median(rs, func(r Result) uint64 { return r.Hits }),
-			Records: median(rs, func(r Result) uint64 { return r.Records }),
-			Bytes:   median(rs, func(r Result) int64 { return r.Bytes }),
-		}
-		for _, r := range rs {
-			row.Lost = max(row.Lost, r.Lost)
-		}
-		s.Rows = append(s.Rows, row)
+// tail is the end of a command's output, for an error message.
+func tail(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 2000 {
+		s = "..." + s[len(s)-2000:]
 	}
 	return s
 }
 
-// median is the median of f over rs (the mean of the middle two for an
-// even count).
-func median[T int64 | uint64 | time.Duration](rs []Result, f func(Result) T) T {
-	v := make([]T, len(rs))
-	for i, r := range rs {
-		v[i] = f(r)
+// readReport takes the counts and losses out of a JSON report.
+func readReport(path string) (Counts, uint64, bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("reading hooktrace's report: %w", err)
 	}
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
+	var doc struct {
+		Stats struct {
+			LostEvents *uint64 `json:"lost_events"`
+			Complete   *bool   `json:"complete"`
+			Calls      Counts  `json:"calls"`
+		} `json:"stats"`
 	}
-	return v[n/2-1] + (v[n/2]-v[n/2-1])/2
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, 0, false, fmt.Errorf("reading hooktrace's report %s: %w", path, err)
+	}
+	st := doc.Stats
+	if st.LostEvents == nil || st.Complete == nil || st.Calls == nil {
+		return nil, 0, false, errors.New("reading hooktrace's report: no stats.calls, lost_events or complete")
+	}
+	return st.Calls, *st.LostEvents, *st.Complete, nil
 }
 
-// Row returns the row of the configuration named key.
-func (s Summary) Row(key string) (Row, bool) {
-	for _, r := range s.Rows {
-		if r.Config.Key == key {
-			return r, true
-		}
-	}
-	return Row{}, false
-}
-
-// Overhead is what a configuration adds to the untraced run: wall time,
-// and the target's CPU time.
-func (s Summary) Overhead(key string) (wall, cpu time.Duration) {
-	base, ok1 := s.Row("untraced")
-	r, ok2 := s.Row(key)
-	if !ok1 || !ok2 {
-		return 0, 0
-	}
-	return r.Wall - base.Wall, r.CPU - base.CPU
-}
-
-// Slowdown is a configuration's wall time over the untraced one's.
-func (s Summary) Slowdown(key string) float64 {
-	base, ok1 := s.Row("untraced")
-	r, ok2 := s.Row(key)
-	if !ok1 || !ok2 || base.Wall <= 0 {
-		return 0
-	}
-	return float64(r.Wall) / float64(base.Wall)
-}
-
-// NsPerHit is a configuration's overhead divided by its probe hits, in
-// wall and in CPU time.
-func (s Summary) NsPerHit(key string) (wall, cpu float64) {
-	r, ok := s.Row(key)
-	if !ok || r.Hits == 0 {
-		return 0, 0
-	}
-	w, c := s.Overhead(key)
-	return float64(w.Nanoseconds()) / float64(r.Hits), float64(c.Nanoseconds()) / float64(r.Hits)
-}
-
-// Ratio is overhead(a)/overhead(b), in wall and in CPU time.
-func (s Summary) Ratio(a, b string) (wall, cpu float64) {
-	aw, ac := s.Overhead(a)
-	bw, bc := s.Overhead(b)
-	if bw > 0 {
-		wall = float64(aw) / float64(bw)
-	}
-	if bc > 0 {
-		cpu = float64(ac) / float64(bc)
-	}
-	return wall, cpu
-}
-
-// Targets are the goals the table is judged by.
-type Targets struct {
-	VsFloor     float64 // overhead(aggregate)/overhead(floor), want ≤ 1.2
-	VsFloorCPU  float64
-	EntryVs     float64 // overhead(entry floor)/overhead(aggregate), want ≥ 5
-	EntryVsCPU  float64
-	LostDefault uint64 // want 0
-}
-
-// Targets computes the goals from the medians.
-func (s Summary) Targets() Targets {
-	var t Targets
-	t.VsFloor, t.VsFloorCPU = s.Ratio("aggregate", "floor")
-	t.EntryVs, t.EntryVsCPU = s.Ratio("entry", "aggregate")
-	if r, ok := s.Row("aggregate"); ok {
-		t.LostDefault = r.Lost
-	}
-	return t
-}
-
-// Markdown renders the table and the targets.
-func (s Summary) Markdown(workload string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s\n\n", workload)
-	b.WriteString("| configuration | wall (median) | × untraced | target CPU | tracer CPU | probe hits | ns/hit (wall) | ns/hit (target CPU) | records | trace | lost |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, r := range s.Rows {
-		hits, perWall, perCPU, recs, size, lost, reader := "–", "–", "–", "–", "–", "–", "–"
-		if r.Config.Traced {
-			reader = fmtDur(r.Reader)
-			hits = fmt.Sprint(r.Hits)
-			w, c := s.NsPerHit(r.Config.Key)
-			perWall, perCPU = fmt.Sprintf("%.0f", w), fmt.Sprintf("%.0f", c)
-			lost = fmt.Sprint(r.Lost)
-			if !r.Config.Floor {
-				recs = fmt.Sprint(r.Records)
-				size = fmt.Sprintf("%.1f MiB", float64(r.Bytes)/(1<<20))
+// Mismatch compares what a tracer counted in a run, less what it counted
+// in a run with no iterations (start-up, threads, the output), with the
+// workload's own counts. It returns "" when they are equal. The floor has
+// one counter for all its probes, "hits": it must equal the sum of the
+// workload's uprobe-traced calls (all of Checked but the syscalls).
+//
+// The calls are exact. mmap and munmap may differ by slack either way:
+// glibc maps each thread's arena with one or two mmap and munmap calls,
+// depending on where the kernel put the first try (untraced, under
+// strace, an empty run makes 2 or 4 munmap calls), so pass the number of
+// threads.
+func Mismatch(traced, empty, own Counts, slack uint64) string {
+	var diffs []string
+	if hits, ok := traced["hits"]; ok {
+		var want uint64
+		for _, k := range Checked {
+			if !isSyscall(k) {
+				want += own[k]
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.1fx | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.Config.Name, fmtDur(r.Wall), s.Slowdown(r.Config.Key), fmtDur(r.CPU), reader, hits, perWall, perCPU, recs, size, lost)
+		if got := hits - empty["hits"]; got != want {
+			diffs = append(diffs, fmt.Sprintf("hits %d, want %d", got, want))
+		}
+		return strings.Join(diffs, ", ")
 	}
-	b.WriteString("\nOverhead is a configuration's median minus the untraced median; ns/hit is " +
-		"overhead over probe hits. Target CPU is the workload's user + system time (the kernel's " +
-		"probe handling included); tracer CPU is the tracing process's own, while the workload ran.\n")
-	t := s.Targets()
-	_, floor := s.Row("floor")
-	_, entry := s.Row("entry")
-	_, agg := s.Row("aggregate")
-	if !agg {
-		s.preloadTargets(&b)
-		return b.String()
-	}
-	b.WriteString("\n| target | wall | CPU | goal | met |\n|---|---:|---:|---:|---|\n")
-	if floor {
-		fmt.Fprintf(&b, "| hooktrace overhead / floor overhead (same sites) | %.2f | %.2f | ≤ 1.2 | %s |\n",
-			t.VsFloor, t.VsFloorCPU, yes(t.VsFloor > 0 && t.VsFloor <= 1.2))
-	}
-	if entry {
-		fmt.Fprintf(&b, "| entry-floor overhead / hooktrace overhead | %.1f | %.1f | ≥ 5 | %s |\n",
-			t.EntryVs, t.EntryVsCPU, yes(t.EntryVs >= 5))
-	}
-	fmt.Fprintf(&b, "| lost events at default settings (worst run) | %d | | 0 | %s |\n", t.LostDefault, yes(t.LostDefault == 0))
-	s.preloadTargets(&b)
-	return b.String()
-}
-
-// preloadTargets adds the preload recorder's goals: within 3x of the
-// untraced run, and at least 5x faster than a TSan rebuild.
-func (s Summary) preloadTargets(b *strings.Builder) {
-	base, ok1 := s.Row("untraced")
-	pre, ok2 := s.Row("preload")
-	if !ok1 || !ok2 || base.Wall <= 0 || base.CPU <= 0 {
-		return
-	}
-	wall, cpu := float64(pre.Wall)/float64(base.Wall), float64(pre.CPU)/float64(base.CPU)
-	fmt.Fprintf(b, "| preload (aggregate) / untraced | %.2f | %.2f | ≤ 3 | %s |\n", wall, cpu, yes(wall <= 3))
-	if ts, ok := s.Row("tsan"); ok && pre.Wall > 0 && pre.CPU > 0 {
-		w, c := float64(ts.Wall)/float64(pre.Wall), float64(ts.CPU)/float64(pre.CPU)
-		fmt.Fprintf(b, "| TSan rebuild / preload | %.1f | %.1f | ≥ 5 | %s |\n", w, c, yes(w >= 5))
-	}
-	if a, ok := s.Row("aggregate"); ok && pre.Wall > 0 {
-		fmt.Fprintf(b, "| eBPF aggregate / preload | %.1f | %.1f | | |\n", float64(a.Wall)/float64(pre.Wall), float64(a.CPU)/float64(pre.CPU))
-	}
-	fmt.Fprintf(b, "| preload lost events (worst run) | %d | | 0 | %s |\n", pre.Lost, yes(pre.Lost == 0))
-}
-
-func yes(ok bool) string {
-	if ok {
-		return "yes"
-	}
-	return "**no**"
-}
-
-func fmtDur(d time.Duration) string {
-	return fmt.Sprintf("%.3f s", d.Seconds())
-}
-
-// TSanSuffix names the -fsanitize=thread build next to the workload.
-const TSanSuffix = "-tsan"
-
-// Build compiles the workload C file with gcc into dir, and with tsan also
-// a -fsanitize=thread build (libtsan) named with TSanSuffix.
-func Build(src, dir string, tsan bool) (string, error) {
-	out := dir + "/workload"
-	b, err := exec.Command("gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", out, src).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("gcc: %v\n%s", err, b)
-	}
-	if tsan {
-		b, err := exec.Command("gcc", "-O2", "-g", "-fsanitize=thread", "-pthread", "-o", out+TSanSuffix, src).CombinedOutput()
-		if err != nil {
-			return "", fmt.Errorf("gcc -fsanitize=thread (needs libtsan): %v\n%s", err, b)
+	for _, k := range Checked {
+		got := int64(traced[k]) - int64(empty[k])
+		want := int64(own[k])
+		switch {
+		case !isSyscall(k) && got != want:
+			diffs = append(diffs, fmt.Sprintf("%s %d, want %d", k, got, want))
+		case isSyscall(k) && (got < want-int64(slack) || got > want+int64(slack)):
+			diffs = append(diffs, fmt.Sprintf("%s %d, want %d±%d", k, got, want, slack))
 		}
 	}
-	return out, nil
+	return strings.Join(diffs, ", ")
 }
+
+func isSyscall(call string) bool { return call == "mmap" || call == "munmap" }

@@ -6,19 +6,21 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
 func init() {
-	// This test binary is also the gate for the workloads it starts.
+	// This test binary is also the gate for the floor's workloads.
 	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
 		runtime.LockOSThread()
 		tracer.RunGate(os.Args[2:])
@@ -29,11 +31,13 @@ func init() {
 // them from its BENCH_* variables).
 var (
 	rounds  = flag.Int("rounds", envInt("HOOKTRACE_BENCH_ROUNDS", 3), "rounds; each runs every configuration once (env HOOKTRACE_BENCH_ROUNDS)")
-	iters   = flag.Int("iters", envInt("HOOKTRACE_BENCH_ITERS", 100000), "lock+malloc+unlock+free rounds per thread (env HOOKTRACE_BENCH_ITERS)")
-	threads = flag.Int("threads", envInt("HOOKTRACE_BENCH_THREADS", 4), "workload threads (env HOOKTRACE_BENCH_THREADS)")
-	size    = flag.Int("size", envInt("HOOKTRACE_BENCH_SIZE", 64), "malloc size in bytes (env HOOKTRACE_BENCH_SIZE)")
-	only    = flag.String("configs", os.Getenv("HOOKTRACE_BENCH_CONFIGS"), "comma-separated configurations to run (untraced always runs); empty: all (env HOOKTRACE_BENCH_CONFIGS)")
-	work    = flag.String("workload", os.Getenv("HOOKTRACE_BENCH_WORKLOAD"), "workload: empty for one lock and one malloc per hold, locks for 4 locks and 3 malloc + 3 free per hold with a 256 KiB block every 1024 (env HOOKTRACE_BENCH_WORKLOAD)")
+	iters   = flag.Int("iters", envInt("HOOKTRACE_BENCH_ITERS", 100000), "lock holds per thread (env HOOKTRACE_BENCH_ITERS)")
+	threads = flag.Int("threads", envInt("HOOKTRACE_BENCH_THREADS", 2), "workload threads (env HOOKTRACE_BENCH_THREADS)")
+	mutexes = flag.Int("mutexes", envInt("HOOKTRACE_BENCH_MUTEXES", 4), "mutexes the threads share (env HOOKTRACE_BENCH_MUTEXES)")
+	only    = flag.String("configs", os.Getenv("HOOKTRACE_BENCH_CONFIGS"),
+		"comma-separated configurations to run (untraced always runs); empty: the defaults (env HOOKTRACE_BENCH_CONFIGS)")
+	binary = flag.String("hooktrace", os.Getenv("HOOKTRACE_BENCH_BIN"),
+		"the hooktrace binary to measure; empty: build ../cmd/hooktrace (env HOOKTRACE_BENCH_BIN)")
 )
 
 func envInt(name string, def int) int {
@@ -45,9 +49,12 @@ func envInt(name string, def int) int {
 
 var benchOnce sync.Once
 
-// BenchmarkOverhead runs the workload under every configuration,
-// round-robin, and reports the medians. It runs the rounds once whatever
-// b.N is: -benchtime 1x.
+// BenchmarkOverhead runs the workload under every selected configuration,
+// round-robin, and prints the table. It runs the rounds once whatever b.N
+// is: -benchtime 1x. A configuration that cannot run here (a tool not
+// installed, a recorder the binary lacks) gets a row that says why; one
+// that fails gets a row with its error, and the benchmark fails after the
+// table.
 func BenchmarkOverhead(b *testing.B) {
 	testenv.RequireBPF(b)
 	ran := false
@@ -55,86 +62,128 @@ func BenchmarkOverhead(b *testing.B) {
 	if !ran {
 		b.Skip("the rounds already ran")
 	}
-	cfgs := selected(b)
-	tsan := false
-	for _, c := range cfgs {
-		tsan = tsan || c.TSan
-	}
-	src, desc := "workload.c", fmt.Sprintf("%d threads × %d × (lock; malloc(%d); unlock; free)", *threads, *iters, *size)
-	if *work == "locks" {
-		src, desc = "workload_locks.c", fmt.Sprintf("%d threads × %d × (lock one of 4; 3 malloc + 3 free of 16–271 B; unlock), a 256 KiB block every 1024", *threads, *iters)
-	} else if *work != "" {
-		b.Fatalf("unknown workload %q (empty or locks)", *work)
-	}
-	prog, err := Build(filepath.Join("testdata", src), b.TempDir(), tsan)
+	cfgs, err := Select(*only)
 	if err != nil {
 		b.Fatal(err)
 	}
-	argv := []string{prog, strconv.Itoa(*iters), strconv.Itoa(*threads), strconv.Itoa(*size)}
-	warned := map[string]bool{}
-	warn := func(s string) {
-		if !warned[s] {
-			warned[s] = true
-			b.Log("warning:", s)
+	dir := b.TempDir()
+	src := filepath.Join("testdata", "workload.c")
+	r := &Runner{
+		Plain: testenv.C{Source: src}.Build(b),
+		Dir:   dir,
+		Warn: func(s string) {
+			fmt.Fprintln(os.Stderr, "warning:", s)
+		},
+	}
+	if slices.ContainsFunc(cfgs, func(c Config) bool { return c.TSan }) {
+		// libtsan missing is a row that says so, not a failed bench.
+		out := filepath.Join(dir, "workload-tsan")
+		flags := append(slices.Clone(testenv.CFlags), "-fsanitize=thread", "-o", out, src)
+		if msg, err := exec.Command("gcc", flags...).CombinedOutput(); err == nil {
+			r.TSan = out
+		} else {
+			fmt.Fprintf(os.Stderr, "no TSan build: %v\n%s", err, msg)
 		}
 	}
-	results := map[string][]Result{}
-	b.ResetTimer()
-	for round := 0; round < *rounds; round++ {
-		// Rotate the starting configuration so none always runs first.
-		for i := range cfgs {
-			c := cfgs[(i+round)%len(cfgs)]
-			r, err := Run(c, argv, warn)
+	if r.Hooktrace = *binary; r.Hooktrace == "" {
+		r.Hooktrace = filepath.Join(dir, "hooktrace")
+		if msg, err := exec.Command("go", "build", "-o", r.Hooktrace, "../cmd/hooktrace").CombinedOutput(); err != nil {
+			b.Fatalf("building hooktrace: %v\n%s", err, msg)
+		}
+	}
+	args := []string{strconv.Itoa(*iters), strconv.Itoa(*threads), strconv.Itoa(*mutexes)}
+
+	out := map[string]Outcome{}
+	empty := map[string]Result{}
+	var active []Config
+	for _, c := range cfgs {
+		if why := r.Available(c); why != "" {
+			out[c.Key] = Outcome{Skip: why}
+			fmt.Fprintf(os.Stderr, "%-9s not run: %s\n", c.Key, why)
+			continue
+		}
+		if c.Kind != Direct {
+			// What the tracer counts outside the workload's phase.
+			res, err := r.Run(c, 0, []string{"0", args[1], args[2]})
 			if err != nil {
-				b.Fatalf("%s: %v", c.Name, err)
+				out[c.Key] = Outcome{Failed: err.Error()}
+				fmt.Fprintf(os.Stderr, "%-9s failed: %v\n", c.Key, err)
+				continue
 			}
+			empty[c.Key] = res
+		}
+		active = append(active, c)
+	}
+	if len(active) == 0 || active[0].Key != "untraced" {
+		b.Fatalf("the untraced workload cannot run: %s", out["untraced"].Skip+out["untraced"].Failed)
+	}
+
+	b.ResetTimer()
+	for round := 1; round <= *rounds; round++ {
+		// Rotate the starting configuration so none always runs first.
+		for i := range active {
+			c := active[(i+round)%len(active)]
+			o := out[c.Key]
+			if o.Failed != "" {
+				continue
+			}
+			res, err := r.Run(c, round, args)
+			if err != nil {
+				o.Failed = err.Error()
+				out[c.Key] = o
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-9s failed: %v\n", round, *rounds, c.Key, err)
+				continue
+			}
+			o.Results = append(o.Results, res)
+			check := ""
+			if c.Kind != Direct {
+				o.Checked++
+				if m := Mismatch(res.Traced, empty[c.Key].Traced, res.Own, uint64(*threads)); m != "" {
+					o.Mismatches = append(o.Mismatches, m)
+					check = "  counts differ: " + m
+				}
+			}
+			out[c.Key] = o
 			// Progress goes to stderr as it happens; the table to stdout.
-			fmt.Fprintf(os.Stderr, "round %d/%d  %-32s wall %.3fs  cpu %.3fs  tracer cpu %.3fs  hits %d  records %d  lost %d\n",
-				round+1, *rounds, c.Name, r.Wall.Seconds(), r.CPU.Seconds(), r.ReaderCPU.Seconds(), r.Hits, r.Records, r.Lost)
-			results[c.Key] = append(results[c.Key], r)
+			fmt.Fprintf(os.Stderr, "round %d/%d  %-9s phase %8.3fs  lost %d%s\n",
+				round, *rounds, c.Key, res.Phase.Seconds(), res.Lost, check)
 		}
 	}
 	b.StopTimer()
-	s := Summarize(cfgs, results)
-	fmt.Printf("\n%s\n", s.Markdown(fmt.Sprintf("Workload: %s, %d cores, median of %d rounds.", desc, runtime.NumCPU(), *rounds)))
-	for _, r := range s.Rows {
-		b.ReportMetric(r.Wall.Seconds(), r.Config.Key+"-s")
-		if r.Config.Traced {
-			b.ReportMetric(s.Slowdown(r.Config.Key), r.Config.Key+"-x")
-			w, _ := s.NsPerHit(r.Config.Key)
-			b.ReportMetric(w, r.Config.Key+"-ns/hit")
+
+	s := Summarize(cfgs, out)
+	host, _ := os.Hostname()
+	fmt.Printf("\n%s\n", s.Markdown(fmt.Sprintf("%s, %s, %d cores (load average %s): %d threads × %d lock holds over %d mutexes, "+
+		"each hold 3 malloc + 3 free of 16–271 B, a 256 KiB mapped block every 1024th; %d rounds.",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), loadavg(),
+		*threads, *iters, *mutexes, *rounds)))
+	for _, row := range s.Rows {
+		if len(row.Outcome.Results) == 0 {
+			continue
+		}
+		b.ReportMetric(row.Phase.Seconds(), row.Config.Key+"-s")
+		if row.Config.Key != "untraced" {
+			b.ReportMetric(row.VsUntraced.Median, row.Config.Key+"-x")
 		}
 	}
-	t := s.Targets()
-	if _, ok := s.Row("floor"); ok {
-		b.ReportMetric(t.VsFloor, "aggregate/floor")
-	}
-	if _, ok := s.Row("entry"); ok {
-		b.ReportMetric(t.EntryVs, "entry/aggregate")
-	}
-	if _, ok := s.Row("aggregate"); ok {
-		b.ReportMetric(float64(t.LostDefault), "lost-aggregate")
+	for _, c := range cfgs {
+		if f := out[c.Key].Failed; f != "" {
+			b.Errorf("%s failed: %s", c.Key, f)
+		}
 	}
 }
 
-func selected(b *testing.B) []Config {
-	all := Configs()
-	if *only == "" {
-		return all
+// loadavg is the 1-minute load average, to say how busy the machine was.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
 	}
-	want := map[string]bool{"untraced": true}
-	for _, k := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
-		want[k] = true
-	}
-	var out []Config
-	for _, c := range all {
-		if want[c.Key] {
-			out = append(out, c)
-			delete(want, c.Key)
+	f := string(b)
+	for i, c := range f {
+		if c == ' ' {
+			return f[:i]
 		}
 	}
-	for k := range want {
-		b.Fatalf("unknown configuration %q (untraced, floor, entry, aggregate, full, preload, preload-full, tsan)", k)
-	}
-	return out
+	return f
 }

@@ -121,3 +121,27 @@ func fileOffset(object string, addr uint64) (uint64, error) {
 	}
 	return 0, fmt.Errorf("finding %#x in %s: in no executable segment", addr, object)
 }
+
+// runFloor runs argv behind hooktrace's gate with the floor attached and
+// returns its counter.
+func runFloor(argv []string, atEntry bool, warn func(string)) (uint64, error) {
+	g, err := tracer.StartGated(argv)
+	if err != nil {
+		return 0, err
+	}
+	fl, err := attachFloor(g, atEntry, warn)
+	if err != nil {
+		g.Abort()
+		return 0, err
+	}
+	defer fl.close()
+	if err := g.Open(); err != nil {
+		g.Cmd.Process.Kill()
+		g.Cmd.Wait()
+		return 0, fmt.Errorf("letting the workload run: %w", err)
+	}
+	if err := g.Cmd.Wait(); err != nil {
+		return 0, fmt.Errorf("the workload: %w", err)
+	}
+	return fl.hits()
+}

@@ -1,17 +1,24 @@
+//go:build linux && amd64
+
 package bench
 
 import (
 	"flag"
 	"fmt"
-	"github.com/hooktrace/hooktrace/internal/testenv"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/tracer"
 )
 
-var hookRounds = flag.Int("hook-rounds", envInt("HOOKTRACE_BENCH_HOOK_ROUNDS", 1000),
-	"batches of frees per thread in the hook workload (env HOOKTRACE_BENCH_HOOK_ROUNDS)")
+var (
+	hookRounds = flag.Int("hook-rounds", envInt("HOOKTRACE_BENCH_HOOK_ROUNDS", 1000),
+		"batches of frees per thread in the hook workload (env HOOKTRACE_BENCH_HOOK_ROUNDS)")
+	hookThreads = flag.Int("hook-threads", envInt("HOOKTRACE_BENCH_HOOK_THREADS", 4),
+		"threads of the hook workload (env HOOKTRACE_BENCH_HOOK_THREADS)")
+)
 
 // BenchmarkHookRing measures the ring buffer's bandwidth under a memory-hook
 // workload (../testdata/hookstorm.c): threads whose frees trim the heap,
@@ -22,25 +29,19 @@ var hookRounds = flag.Int("hook-rounds", envInt("HOOKTRACE_BENCH_HOOK_ROUNDS", 1
 // and the records lost. Run with -benchtime 1x.
 func BenchmarkHookRing(b *testing.B) {
 	testenv.RequireBPF(b)
-	prog, err := Build(filepath.Join("..", "testdata", "hookstorm.c"), b.TempDir(), false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	argv := []string{prog, strconv.Itoa(*hookRounds), strconv.Itoa(*threads)}
-	for _, cfg := range Configs() {
-		if cfg.Key != "aggregate" && cfg.Key != "full" {
-			continue
-		}
-		r, err := Run(cfg, argv, func(s string) { b.Log("warning:", s) })
+	prog := testenv.Program(b, "hookstorm")
+	argv := []string{prog, strconv.Itoa(*hookRounds), strconv.Itoa(*hookThreads)}
+	for _, mode := range []string{tracer.ModeAggregate, tracer.ModeFull} {
+		r, err := RunRing(tracer.Options{Mode: mode, Warn: func(s string) { b.Log("warning:", s) }}, argv)
 		if err != nil {
-			b.Fatalf("%s: %v", cfg.Name, err)
+			b.Fatalf("%s: %v", mode, err)
 		}
 		secs := r.Wall.Seconds()
-		fmt.Fprintf(os.Stderr, "hook workload, %-30s wall %.3fs  ring %d records (%.0f/s)  %.1f MB (%.1f MB/s)  lost %d  hits %d\n",
-			cfg.Name, secs, r.RingRecords, float64(r.RingRecords)/secs, float64(r.RingBytes)/1e6,
-			float64(r.RingBytes)/1e6/secs, r.Lost, r.Hits)
-		b.ReportMetric(float64(r.RingRecords)/secs, cfg.Key+"-ring-records/s")
-		b.ReportMetric(float64(r.RingBytes)/secs, cfg.Key+"-ring-bytes/s")
-		b.ReportMetric(float64(r.Lost), cfg.Key+"-lost")
+		fmt.Fprintf(os.Stderr, "hook workload, %-10s wall %.3fs  ring %d records (%.0f/s)  %.1f MB (%.1f MB/s)  lost %d\n",
+			mode, secs, r.RingRecords, float64(r.RingRecords)/secs, float64(r.RingBytes)/1e6,
+			float64(r.RingBytes)/1e6/secs, r.Lost)
+		b.ReportMetric(float64(r.RingRecords)/secs, mode+"-ring-records/s")
+		b.ReportMetric(float64(r.RingBytes)/secs, mode+"-ring-bytes/s")
+		b.ReportMetric(float64(r.Lost), mode+"-lost")
 	}
 }

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"regexp"
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"regexp"
 
 	"encoding/json"
 	"errors"
