@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -44,8 +45,23 @@ func findings(t *testing.T, stdout string) []finding {
 	return r.Findings
 }
 
-// traceFindings runs prog under hooktrace and returns its findings.
+// traceFindings runs prog under hooktrace and returns its findings. Unless
+// extra names a mode, it runs in both modes, which must agree: the
+// aggregate mode's chain cache may hide repeats, never a finding.
 func traceFindings(t *testing.T, extra []string, prog string, args ...string) []finding {
+	t.Helper()
+	if !slices.Contains(extra, "--mode") {
+		full := traceFindingsOnce(t, append(slices.Clone(extra), "--mode", "full"), prog, args...)
+		agg := traceFindingsOnce(t, append(slices.Clone(extra), "--mode", "aggregate"), prog, args...)
+		if a, b := findingIDs(full), findingIDs(agg); a != b {
+			t.Errorf("%s %v: full and aggregate modes disagree:\nfull:      %s\naggregate: %s", prog, args, a, b)
+		}
+		return agg
+	}
+	return traceFindingsOnce(t, extra, prog, args...)
+}
+
+func traceFindingsOnce(t *testing.T, extra []string, prog string, args ...string) []finding {
 	t.Helper()
 	argv := append([]string{"--fail-on", "none"}, extra...)
 	argv = append(append(argv, "--", prog), args...)
