@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -119,11 +120,11 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		}
 		defer src.Close()
 	}
-	var g *tracer.Gated
+	var g *launch.Gated
 	if pre != nil {
-		g, err = tracer.StartGatedEnv(argv, pre.Env(os.Environ()), pre.Files())
+		g, err = launch.StartEnv(argv, pre.Env(os.Environ()), pre.Files())
 	} else {
-		g, err = tracer.StartGated(argv)
+		g, err = launch.Start(argv)
 	}
 	if err != nil {
 		return res, err

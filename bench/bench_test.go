@@ -14,14 +14,14 @@ import (
 	"testing"
 
 	"github.com/hooktrace/hooktrace/internal/testenv"
-	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/launch"
 )
 
 func init() {
 	// This test binary is also the gate for the workloads it starts.
-	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
+	if len(os.Args) > 1 && os.Args[1] == launch.GateArg {
 		runtime.LockOSThread()
-		tracer.RunGate(os.Args[2:])
+		launch.RunGate(os.Args[2:])
 	}
 }
 

@@ -2,6 +2,7 @@ package tracer_test
 
 import (
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/launch"
 
 	"os"
 	"os/exec"
@@ -57,7 +58,7 @@ func TestReplacedLibraryReadFromMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tr.Close() })
-	g, err := tracer.StartGated([]string{prog, lib, fifo})
+	g, err := launch.Start([]string{prog, lib, fifo})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,14 +12,15 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
 func init() {
 	// This test binary is also the gate for the targets it starts.
-	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
+	if len(os.Args) > 1 && os.Args[1] == launch.GateArg {
 		runtime.LockOSThread()
-		tracer.RunGate(os.Args[2:])
+		launch.RunGate(os.Args[2:])
 	}
 }
 
@@ -35,7 +36,7 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tr.Close() })
-	g, err := tracer.StartGated(argv)
+	g, err := launch.Start(argv)
 	if err != nil {
 		t.Fatal(err)
 	}

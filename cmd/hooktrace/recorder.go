@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/tracer"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -163,11 +164,11 @@ func recorderName(r recorder) string {
 
 // startGated launches argv behind the gate, with what the recorder needs
 // in its environment.
-func startGated(s *session, argv []string) (*tracer.Gated, error) {
+func startGated(s *session, argv []string) (*launch.Gated, error) {
 	if l, ok := s.tr.(launcher); ok {
-		return tracer.StartGatedEnv(argv, l.Env(os.Environ()), l.Files())
+		return launch.StartEnv(argv, l.Env(os.Environ()), l.Files())
 	}
-	return tracer.StartGated(argv)
+	return launch.Start(argv)
 }
 
 // resolveRecorder settles --recorder for run before the session opens.
