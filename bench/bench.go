@@ -9,7 +9,6 @@ package bench
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -17,7 +16,7 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/launch"
+	"github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -56,18 +55,6 @@ func Configs() []Config {
 	}
 }
 
-// source is either recorder: the BPF tracer or the preloaded library.
-type source interface {
-	Attach(pid int, exe string) error
-	Sites() []events.ProbeSite
-	Allocator() string
-	Run(stop <-chan struct{}, emit func(*events.Record) error) error
-	Events() uint64
-	Lost() uint64
-	Calls() map[string]uint64
-	Close() error
-}
-
 // Result is one run of one configuration.
 type Result struct {
 	Wall time.Duration // from letting the target exec to its exit
@@ -100,15 +87,15 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		argv = append([]string{argv[0] + TSanSuffix}, argv[1:]...)
 	}
 	var (
-		src source
+		src session.Recorder
 		tr  *tracer.Tracer
-		pre *tracer.Preload
 		err error
 	)
 	if cfg.Traced && !cfg.Floor {
 		opts := cfg.Opts
 		opts.Warn = warn
 		if cfg.Preload {
+			var pre *tracer.Preload
 			pre, err = tracer.NewPreload(opts)
 			src = pre
 		} else {
@@ -120,84 +107,78 @@ func Run(cfg Config, argv []string, warn func(string)) (Result, error) {
 		}
 		defer src.Close()
 	}
-	var g *launch.Gated
-	if pre != nil {
-		g, err = launch.StartEnv(argv, pre.Env(os.Environ()), pre.Files())
-	} else {
-		g, err = launch.Start(argv)
-	}
+	t, err := session.Launch(src, argv)
 	if err != nil {
 		return res, err
 	}
 	var fl *floor
 	if cfg.Floor {
-		if fl, err = attachFloor(g, cfg.AtEntry, warn); err != nil {
-			g.Abort()
+		if fl, err = attachFloor(t.Gated, cfg.AtEntry, warn); err != nil {
+			t.Abort()
 			return res, err
 		}
 		defer fl.close()
 	}
 	var (
-		stop     = make(chan struct{})
-		done     = make(chan error, 1)
+		reading  *session.Reading
 		sink     countingWriter
+		w        *events.Writer
 		writeErr error
 	)
 	if src != nil {
-		if err := src.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
-			g.Abort()
+		if err := t.Attach(); err != nil {
+			t.Abort()
 			return res, err
 		}
 		// What a real run does with the stream: encode it as a trace file.
-		w := events.NewWriter(&sink)
+		w = events.NewWriter(&sink)
 		mode := cfg.Opts.Mode
 		if mode == "" {
 			mode = tracer.ModeAggregate
 		}
-		h := &events.Header{Version: events.Version, Tool: "hooktrace bench", Command: argv,
-			Exe: g.Path, Clock: "CLOCK_MONOTONIC", Mode: mode, Probes: src.Sites(), Allocator: src.Allocator()}
+		h := &events.Header{Version: events.Version, Tool: "hooktrace bench", Clock: "CLOCK_MONOTONIC", Mode: mode}
+		t.Header(h)
 		if err := w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
-			g.Abort()
+			t.Abort()
 			return res, err
 		}
-		go func() {
-			err := src.Run(stop, func(r *events.Record) error {
-				res.Records++
-				if err := w.Write(r); err != nil && writeErr == nil {
-					writeErr = err
-				}
-				return nil
-			})
-			if err == nil {
-				err = w.Write(&events.Record{Kind: events.RecFooter, Footer: &events.Footer{
-					Events: src.Events(), Lost: src.Lost(), Calls: src.Calls()}})
+		reading, err = session.Record(src, func(r *events.Record) error {
+			res.Records++
+			if err := w.Write(r); err != nil && writeErr == nil {
+				writeErr = err
 			}
-			if cerr := w.Close(); err == nil {
-				err = cerr
-			}
-			done <- err
-		}()
+			return nil
+		})
+		if err != nil {
+			t.Abort()
+			return res, err
+		}
 	}
 	self0 := selfCPU()
 	start := time.Now()
-	if err := g.Open(); err != nil {
-		g.Cmd.Process.Kill()
-		g.Cmd.Wait()
-		if src != nil {
-			close(stop)
-			<-done
-		}
-		return res, err
-	}
-	waitErr := g.Cmd.Wait()
+	// Unheld: the workload is timed alone, as it runs untraced.
+	ps, waitErr := t.WaitUnheld()
 	res.Wall = time.Since(start)
 	res.ReaderCPU = selfCPU() - self0
-	if ps := g.Cmd.ProcessState; ps != nil {
+	if ps != nil {
 		res.CPU = ps.UserTime() + ps.SystemTime()
 	}
+	if ps == nil && waitErr != nil {
+		// The target never ran.
+		if reading != nil {
+			reading.Stop()
+		}
+		return res, waitErr
+	}
 	if src != nil {
-		close(stop)
-		if err := <-done; err != nil {
+		err := reading.Stop()
+		if err == nil {
+			err = w.Write(&events.Record{Kind: events.RecFooter, Footer: session.Footer(src)})
+		}
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			return res, fmt.Errorf("tracing: %w", err)
 		}
 		if writeErr != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -137,9 +138,9 @@ func newSession(f *traceFlags) (*session, error) {
 	return s, nil
 }
 
-// start opens the output and runs the reader until stop closes; the
-// returned channel yields Run's error.
-func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
+// start opens the output and runs the reader until the returned reading
+// is stopped.
+func (s *session) start() (*sess.Reading, error) {
 	s.header.Probes = s.tr.Sites()
 	output, err := expandOutputPath(s.flags.output, &s.header)
 	if err != nil {
@@ -151,30 +152,22 @@ func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
 	}
 	s.sink = sink
 	s.status = newStatusLine(s.tr)
-	// On before the caller goes on: a gated target let go, or a ready
-	// file written, must find the probes live.
-	if err := s.tr.On(); err != nil {
+	reading, err := sess.Record(s.tr, s.sink.add)
+	if err != nil {
 		sink.abandon()
 		return nil, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.tr.Run(stop, s.sink.add) }()
-	return done, nil
+	return reading, nil
 }
 
 // finish writes the footer and closes the trace.
 func (s *session) finish(reason string, exit *int, signal string) (*events.Footer, error) {
 	s.status.stop()
-	foot := &events.Footer{
-		EndNS:      tracer.MonotonicNow(),
-		Events:     s.tr.Events(),
-		Lost:       s.tr.Lost(),
-		Calls:      s.tr.Calls(),
-		ExitStatus: exit,
-		ExitSignal: signal,
-		Reason:     reason,
-		Hang:       s.hang,
-	}
+	foot := sess.Footer(s.tr)
+	foot.EndNS = tracer.MonotonicNow()
+	foot.ExitStatus, foot.ExitSignal = exit, signal
+	foot.Reason = reason
+	foot.Hang = s.hang
 	err := s.sink.close(foot)
 	s.tr.Close()
 	return foot, err
