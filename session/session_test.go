@@ -3,7 +3,9 @@
 package session_test
 
 import (
+	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"testing"
@@ -33,7 +35,8 @@ var (
 )
 
 // traceMallocs traces testdata/mallocs.c (4 threads, 10000 malloc(777)
-// under one mutex) with rec, as run does, and checks what a user would.
+// under one mutex) with rec into a trace file and the analyzer, as run
+// does, and checks what a user would.
 func traceMallocs(t *testing.T, rec session.Recorder) {
 	t.Helper()
 	prog := testenv.Program(t, "mallocs")
@@ -45,10 +48,16 @@ func traceMallocs(t *testing.T, rec session.Recorder) {
 		target.Abort()
 		t.Fatal(err)
 	}
-	var h events.Header
+	h := events.Header{Version: events.Version, Tool: "session test", Clock: "CLOCK_MONOTONIC"}
 	target.Header(&h)
 	if h.Exe != prog || h.PID == 0 || len(h.Probes) == 0 {
 		t.Errorf("header: exe %q pid %d %d probes; want %s, its PID, the probes placed", h.Exe, h.PID, len(h.Probes), prog)
+	}
+	path := filepath.Join(t.TempDir(), "mallocs.htr")
+	sink, err := session.NewSink(path, &h)
+	if err != nil {
+		target.Abort()
+		t.Fatal(err)
 	}
 	mallocs, locks := 0, 0
 	reading, err := session.Record(rec, func(r *events.Record) error {
@@ -60,9 +69,10 @@ func traceMallocs(t *testing.T, rec session.Recorder) {
 				locks++
 			}
 		}
-		return nil
+		return sink.Add(r)
 	})
 	if err != nil {
+		sink.Abandon()
 		target.Abort()
 		t.Fatal(err)
 	}
@@ -78,6 +88,36 @@ func traceMallocs(t *testing.T, rec session.Recorder) {
 		t.Errorf("target: %v, want exit 3", ws)
 	}
 	foot := session.Footer(rec)
+	if err := sink.Close(foot); err != nil {
+		t.Fatal(err)
+	}
+	an := sink.Analyzer()
+	an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
+	if res := an.Result(); res.Stats.Threads < 4 {
+		t.Errorf("the analyzer saw %d threads, want the 4 workers at least", res.Stats.Threads)
+	}
+	// The file holds what the reader handed out, footer included.
+	rd, err := events.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	inFile := 0
+	for {
+		r, err := rd.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Kind == events.RecEvent && r.Event.Op == events.OpMalloc && r.Event.Size == 777 {
+			inFile++
+		}
+	}
+	if inFile != mallocs || rd.Header().Exe != prog || rd.Footer() == nil || rd.Footer().Events != foot.Events {
+		t.Errorf("trace file: %d malloc(777) (%d handed out), exe %q, footer %+v", inFile, mallocs, rd.Header().Exe, rd.Footer())
+	}
 	if mallocs != 10000 || locks < 10000 || foot.Lost != 0 || foot.Calls["malloc"] < 10000 {
 		t.Errorf("%d malloc(777) and %d mutex lock events, %d lost, calls %v; want 10000, at least 10000, 0, malloc at least 10000",
 			mallocs, locks, foot.Lost, foot.Calls)
