@@ -16,14 +16,14 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/internal/testenv"
-	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/launch"
 )
 
 func init() {
 	// This test binary is also the gate for the floor's workloads.
-	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
+	if len(os.Args) > 1 && os.Args[1] == launch.GateArg {
 		runtime.LockOSThread()
-		tracer.RunGate(os.Args[2:])
+		launch.RunGate(os.Args[2:])
 	}
 }
 

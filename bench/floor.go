@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 
+	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -24,7 +25,7 @@ type floor struct {
 // when atEntry. The sites are hooktrace's own: a tracer is attached while g
 // waits at its gate and closed again, so the floor is always measured at the
 // sites of the code being benchmarked.
-func attachFloor(g *tracer.Gated, atEntry bool, warn func(string)) (*floor, error) {
+func attachFloor(g *launch.Gated, atEntry bool, warn func(string)) (*floor, error) {
 	tr, err := tracer.New(tracer.Options{Warn: warn})
 	if err != nil {
 		return nil, err
@@ -125,7 +126,7 @@ func fileOffset(object string, addr uint64) (uint64, error) {
 // runFloor runs argv behind hooktrace's gate with the floor attached and
 // returns its counter.
 func runFloor(argv []string, atEntry bool, warn func(string)) (uint64, error) {
-	g, err := tracer.StartGated(argv)
+	g, err := launch.Start(argv)
 	if err != nil {
 		return 0, err
 	}

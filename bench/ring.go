@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -37,7 +38,7 @@ func RunRing(opts tracer.Options, argv []string) (RingResult, error) {
 		return res, err
 	}
 	defer tr.Close()
-	g, err := tracer.StartGated(argv)
+	g, err := launch.Start(argv)
 	if err != nil {
 		return res, err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/hooktrace/hooktrace/events"
-
+	"github.com/hooktrace/hooktrace/hang"
 	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
@@ -42,6 +42,14 @@ func objectEnum(t *testing.T, name string) map[string]uint64 {
 // without the pthread_ prefix.
 func cName(op events.Op) string {
 	return "OP_" + strings.ToUpper(strings.TrimPrefix(op.String(), "pthread_"))
+}
+
+// Hang detection reads a mutex's owner where the BPF side does.
+func TestHangMutexOwnerMatchesBPF(t *testing.T) {
+	c := objectEnum(t, "glibc_layout")
+	if got, want := uint64(hang.MutexOwnerOffset), c["GLIBC_MUTEX_OWNER_OFFSET"]; got != want {
+		t.Errorf("hang.MutexOwnerOffset = %d, GLIBC_MUTEX_OWNER_OFFSET = %d", got, want)
+	}
 }
 
 func TestOpsMatchBPF(t *testing.T) {

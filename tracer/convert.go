@@ -316,7 +316,7 @@ func (c *converter) sample(r *hooktraceSample, data []byte) error {
 	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, data)
 	if c.hide != "" {
-		pcs, complete = hideObject(maps, pcs, complete, c.hide)
+		pcs, complete = maps.DropObject(pcs, complete, c.hide)
 	}
 	var s sampleInfo
 	if alloc := c.allocator(r.Pid); alloc != nil {
@@ -370,23 +370,6 @@ func (c *sampleCache) put(id uint64, s sampleInfo) {
 		c.old, c.cur = c.cur, make(map[uint64]sampleInfo)
 	}
 	c.cur[id] = s
-}
-
-// hideObject drops the frames in the object at path. A walk that ends in
-// it reached the recorder's thread start wrapper: the target's part of the
-// stack is whole.
-func hideObject(maps symbolize.Maps, pcs []uint64, complete bool, path string) ([]uint64, bool) {
-	out := pcs[:0]
-	for i, pc := range pcs {
-		if m, ok := maps.Find(pc); ok && m.Path == path {
-			if i == len(pcs)-1 {
-				complete = true
-			}
-			continue
-		}
-		out = append(out, pc)
-	}
-	return out, complete
 }
 
 // sendStack emits frames as a new stack unless the same frames were sent.

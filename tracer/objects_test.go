@@ -2,6 +2,7 @@ package tracer_test
 
 import (
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/session"
 
 	"os"
 	"os/exec"
@@ -57,28 +58,28 @@ func TestReplacedLibraryReadFromMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tr.Close() })
-	g, err := tracer.StartGated([]string{prog, lib, fifo})
+	target, err := session.Launch(tr, []string{prog, lib, fifo})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
-		g.Abort()
+	if err := target.Attach(); err != nil {
+		target.Abort()
 		t.Fatal(err)
 	}
 	var recs []events.Record
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- tr.Run(stop, func(r *events.Record) error {
-			c := *r
-			if c.Stack != nil {
-				s := *c.Stack
-				c.Stack = &s
-			}
-			recs = append(recs, c)
-			return nil
-		})
-	}()
+	reading, err := session.Record(tr, func(r *events.Record) error {
+		c := *r
+		if c.Stack != nil {
+			s := *c.Stack
+			c.Stack = &s
+		}
+		recs = append(recs, c)
+		return nil
+	})
+	if err != nil {
+		target.Abort()
+		t.Fatal(err)
+	}
 	// The target opens the FIFO once the library is mapped: replace the
 	// library then, and let the target call it.
 	replaced := make(chan error, 1)
@@ -98,7 +99,7 @@ func TestReplacedLibraryReadFromMapping(t *testing.T) {
 	}()
 	// As run does: held at its exit, the target's mappings are read
 	// before they go.
-	ws, err := g.RunToExit(tr.Exiting, nil, tr.Exec)
+	ws, err := target.Wait(false, func(s string) { t.Log("warning:", s) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +113,7 @@ func TestReplacedLibraryReadFromMapping(t *testing.T) {
 	if err := <-replaced; err != nil {
 		t.Fatalf("replacing the library: %v", err)
 	}
-	close(stop)
-	if err := <-done; err != nil {
+	if err := reading.Stop(); err != nil {
 		t.Fatal(err)
 	}
 

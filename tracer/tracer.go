@@ -1,9 +1,13 @@
 //go:build linux && amd64
 
-// Package tracer attaches hooktrace's BPF probes to a process and turns what
-// they report into an events stream: it loads the objects generated from
-// ../bpf, chooses and attaches the probe sites, reads the ring buffer,
-// symbolizes stacks and names locks while the process is alive.
+// Package tracer holds hooktrace's two sources of events, both turned into
+// the same records by one converter (symbolized stacks, named locks, read
+// while the process is alive): Tracer attaches the BPF probes (the objects
+// generated from ../bpf), chooses the probe sites and reads the ring
+// buffer; Preload reads what the preloaded library (../preload) writes to
+// shared memory. Launching and holding the target (package launch),
+// tracing a command with either (package session) and hang detection
+// (package hang) are not theirs.
 package tracer
 
 import (

@@ -12,14 +12,16 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/launch"
+	"github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
 func init() {
 	// This test binary is also the gate for the targets it starts.
-	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
+	if len(os.Args) > 1 && os.Args[1] == launch.GateArg {
 		runtime.LockOSThread()
-		tracer.RunGate(os.Args[2:])
+		launch.RunGate(os.Args[2:])
 	}
 }
 
@@ -35,29 +37,30 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tr.Close() })
-	g, err := tracer.StartGated(argv)
+	target, err := session.Launch(tr, argv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
-		g.Abort()
+	if err := target.Attach(); err != nil {
+		target.Abort()
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- tr.Run(stop, func(r *events.Record) error {
-			c := *r
-			if c.Stack != nil {
-				s := *c.Stack
-				c.Stack = &s
-			}
-			recs = append(recs, c)
-			return nil
-		})
-	}()
+	reading, err := session.Record(tr, func(r *events.Record) error {
+		c := *r
+		if c.Stack != nil {
+			s := *c.Stack
+			c.Stack = &s
+		}
+		recs = append(recs, c)
+		return nil
+	})
+	if err != nil {
+		target.Abort()
+		t.Fatal(err)
+	}
 	// What the CLI's status line reads while the reader runs, read the
 	// same way, so that go test -race checks it.
+	stop := make(chan struct{})
 	polled := make(chan struct{})
 	go func() {
 		defer close(polled)
@@ -75,14 +78,16 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 			}
 		}
 	}()
-	if err := g.Open(); err != nil {
-		t.Fatal(err)
-	}
-	g.Cmd.Wait()
+	// As run does: held at its exec and exit, the target's mappings are
+	// read before they go.
+	_, waitErr := target.Wait(false, func(s string) { t.Log("warning:", s) })
 	close(stop)
 	<-polled
-	if err := <-done; err != nil {
+	if err := reading.Stop(); err != nil {
 		t.Fatal(err)
+	}
+	if waitErr != nil {
+		t.Fatal(waitErr)
 	}
 	return recs, tr
 }

@@ -67,15 +67,13 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 		return err
 	}
 	s.header.Allocator = s.tr.Allocator()
-	stop := make(chan struct{})
-	done, err := s.start(stop)
+	reading, err := s.start()
 	if err != nil {
 		s.tr.Close()
 		return err
 	}
 	if err := s.writeReady(pid); err != nil {
-		close(stop)
-		<-done
+		reading.Stop()
 		s.finish(err.Error(), nil, "")
 		return err
 	}
@@ -119,8 +117,7 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 		reason = "target exited"
 	}
 	hang.stop()
-	close(stop)
-	runErr := <-done
+	runErr := reading.Stop()
 	foot, err := s.finish(reason, nil, "")
 	if runErr != nil {
 		return runErr

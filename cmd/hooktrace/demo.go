@@ -208,8 +208,9 @@ func traceCommand(f *traceFlags, argv []string) (*analyzer.Result, *events.Foote
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
-	return s.sink.an.Result(), foot, launched, nil
+	an := s.sink.Analyzer()
+	an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
+	return an.Result(), foot, launched, nil
 }
 
 // judgeDemo sets a run's verdict. Without --stress: legacy must show the

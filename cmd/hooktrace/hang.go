@@ -14,7 +14,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/hang"
 )
 
 // hangFlags are run's and attach's hang-detection flags.
@@ -53,7 +53,7 @@ func (h *hangFlags) action(def string) string {
 // hangWatch is a running hang detector; a nil one (detection disabled)
 // never finds anything.
 type hangWatch struct {
-	w      *tracer.HangWatcher
+	w      *hang.Watcher
 	action string
 	pid    int
 }
@@ -66,7 +66,7 @@ func (s *session) watchHang(pid int, defaultAction string) *hangWatch {
 	}
 	action := f.action(defaultAction)
 	return &hangWatch{
-		w: tracer.WatchHang(pid, tracer.HangOptions{
+		w: hang.Watch(pid, hang.Options{
 			Timeout:   f.timeout,
 			ArenaHeld: analyzer.ArenaHeld,
 			Action:    action,
@@ -93,9 +93,9 @@ func (h *hangWatch) stop() {
 // onHang records a deadlock for the footer, says so on stderr and acts:
 // kill sends SIGKILL; detach leaves the target as it is. It returns the
 // footer's reason.
-func (s *session) onHang(h *hangWatch, hang *events.Hang) string {
-	s.hang = hang
-	fmt.Fprintf(os.Stderr, "hooktrace: deadlock in pid %d: %s\n", h.pid, hangSummary(hang))
+func (s *session) onHang(h *hangWatch, found *events.Hang) string {
+	s.hang = found
+	fmt.Fprintf(os.Stderr, "hooktrace: deadlock in pid %d: %s\n", h.pid, hangSummary(found))
 	if h.action == "kill" {
 		fmt.Fprintf(os.Stderr, "hooktrace: killing pid %d (--on-hang=kill)\n", h.pid)
 		if p, err := os.FindProcess(h.pid); err == nil {
@@ -143,8 +143,8 @@ func (s *session) waitTarget(pid int, wait func() error) (reason string, waitErr
 	select {
 	case err := <-exited:
 		return "target exited", err
-	case hang := <-h.found():
-		reason := s.onHang(h, hang)
+	case found := <-h.found():
+		reason := s.onHang(h, found)
 		if h.action == "kill" {
 			return reason, <-exited
 		}

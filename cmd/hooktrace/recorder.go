@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/hooktrace/hooktrace/events"
+	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/tracer"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -27,25 +27,9 @@ const (
 // and tracepoints) or the preloaded user-space recorder. Both turn what
 // they see into the same records through the same converter.
 type recorder interface {
-	Attach(pid int, exe string) error
-	On() error
-	Exec(pid int)
-	Exiting(pid int)
-	Run(stop <-chan struct{}, emit func(*events.Record) error) error
-	Sites() []events.ProbeSite
-	Events() uint64
-	Lost() uint64
-	Calls() map[string]uint64
+	sess.Recorder
+	// Seen is what the status line shows: threads and locks so far.
 	Seen() (threads, locks int64)
-	Allocator() string
-	Close() error
-}
-
-// launcher is a recorder that must set up the target's environment and
-// descriptors before it execs.
-type launcher interface {
-	Env(environ []string) []string
-	Files() []*os.File
 }
 
 func (f *traceFlags) registerRecorder(c *cobra.Command) {
@@ -161,15 +145,6 @@ func recorderName(r recorder) string {
 		return recorderPreload
 	}
 	return recorderEBPF
-}
-
-// startGated launches argv behind the gate, with what the recorder needs
-// in its environment.
-func startGated(s *session, argv []string) (*tracer.Gated, error) {
-	if l, ok := s.tr.(launcher); ok {
-		return tracer.StartGatedEnv(argv, l.Env(os.Environ()), l.Files())
-	}
-	return tracer.StartGated(argv)
 }
 
 // resolveRecorder settles --recorder for run before the session opens.

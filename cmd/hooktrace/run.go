@@ -14,6 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/hooktrace/hooktrace/events"
+	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -71,66 +72,53 @@ func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, e
 		s.tr.Close()
 		return nil, nil, 0, err
 	}
-	g, err := startGated(s, argv)
+	t, err := sess.Launch(s.tr, argv)
 	if err != nil {
 		s.tr.Close()
 		return nil, nil, 0, err
 	}
-	pid := g.Cmd.Process.Pid
+	pid := t.PID
 	// From here on the target exists: SIGINT and SIGTERM must reach it
 	// and not end hooktrace, which finishes the trace once it exits.
 	stopForwarding := forwardSignals(pid)
 	defer stopForwarding()
-	s.header.Command = argv
-	s.header.PID = uint32(pid)
-	s.header.Exe = g.Path
-	if err := s.tr.Attach(pid, g.Path); err != nil {
-		g.Abort()
+	if err := t.Attach(); err != nil {
+		t.Abort()
 		s.tr.Close()
 		return nil, nil, 0, err
 	}
-	if err := s.checkPlaced(pid, g.Path); err != nil {
-		g.Abort()
+	if err := s.checkPlaced(pid, t.Path); err != nil {
+		t.Abort()
 		s.tr.Close()
 		return nil, nil, 0, err
 	}
-	s.header.Allocator = s.tr.Allocator()
-	stop := make(chan struct{})
-	done, err := s.start(stop)
+	t.Header(&s.header)
+	reading, err := s.start()
 	if err == nil {
 		// The probes are placed and tracing is on; the target has not
 		// run its first instruction yet.
 		err = s.writeReady(pid)
 	}
 	if err != nil {
-		g.Abort()
-		close(stop)
-		if done != nil {
-			<-done
+		t.Abort()
+		if reading != nil {
+			reading.Stop()
 			s.finish(err.Error(), nil, "")
 		} else {
 			s.tr.Close()
 		}
 		return nil, nil, 0, err
 	}
-	var onFork func(int)
-	if f.followForks {
-		// Place a child's probes before it runs its first instruction.
-		onFork = func(child int) {
-			if err := s.tr.Attach(child, ""); err != nil {
-				slog.Warn(fmt.Sprintf("following child %d: %v", child, err))
-			}
-		}
-	}
 	var ws syscall.WaitStatus
 	wait := func() (err error) {
-		ws, err = g.RunToExit(s.tr.Exiting, onFork, s.tr.Exec)
+		// With --follow-forks a child's probes are placed before it runs
+		// its first instruction.
+		ws, err = t.Wait(f.followForks, func(s string) { slog.Warn(s) })
 		return err
 	}
 	launched := tracer.MonotonicNow()
 	reason, waitErr := s.waitTarget(pid, wait)
-	close(stop)
-	runErr := <-done
+	runErr := reading.Stop()
 	if waitErr != nil {
 		s.finish(waitErr.Error(), nil, "")
 		return nil, nil, 0, waitErr

@@ -9,15 +9,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
-	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -86,7 +85,7 @@ type session struct {
 	flags  *traceFlags
 	tr     recorder
 	header events.Header
-	sink   *recordSink
+	sink   *sess.Sink
 	status *statusLine
 	hang   *events.Hang // the deadlock hang detection found, if any
 }
@@ -137,45 +136,37 @@ func newSession(f *traceFlags) (*session, error) {
 	return s, nil
 }
 
-// start opens the output and runs the reader until stop closes; the
-// returned channel yields Run's error.
-func (s *session) start(stop <-chan struct{}) (<-chan error, error) {
+// start opens the output and runs the reader until the returned reading
+// is stopped.
+func (s *session) start() (*sess.Reading, error) {
 	s.header.Probes = s.tr.Sites()
 	output, err := expandOutputPath(s.flags.output, &s.header)
 	if err != nil {
 		return nil, err
 	}
-	sink, err := newRecordSink(output, &s.header)
+	sink, err := sess.NewSink(output, &s.header)
 	if err != nil {
 		return nil, err
 	}
 	s.sink = sink
 	s.status = newStatusLine(s.tr)
-	// On before the caller goes on: a gated target let go, or a ready
-	// file written, must find the probes live.
-	if err := s.tr.On(); err != nil {
-		sink.abandon()
+	reading, err := sess.Record(s.tr, s.sink.Add)
+	if err != nil {
+		sink.Abandon()
 		return nil, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.tr.Run(stop, s.sink.add) }()
-	return done, nil
+	return reading, nil
 }
 
 // finish writes the footer and closes the trace.
 func (s *session) finish(reason string, exit *int, signal string) (*events.Footer, error) {
 	s.status.stop()
-	foot := &events.Footer{
-		EndNS:      tracer.MonotonicNow(),
-		Events:     s.tr.Events(),
-		Lost:       s.tr.Lost(),
-		Calls:      s.tr.Calls(),
-		ExitStatus: exit,
-		ExitSignal: signal,
-		Reason:     reason,
-		Hang:       s.hang,
-	}
-	err := s.sink.close(foot)
+	foot := sess.Footer(s.tr)
+	foot.EndNS = tracer.MonotonicNow()
+	foot.ExitStatus, foot.ExitSignal = exit, signal
+	foot.Reason = reason
+	foot.Hang = s.hang
+	err := s.sink.Close(foot)
 	s.tr.Close()
 	return foot, err
 }
@@ -234,120 +225,6 @@ func (s *statusLine) stop() {
 	<-s.done
 }
 
-// recordSink receives the live stream: it feeds the analyzer and writes the
-// trace file. The header goes to the file at once and the records at least
-// every flushEvery, even when few arrive (an aggregate trace sends little
-// once the patterns are known): a hooktrace killed with SIGKILL, or a node
-// lost, leaves a readable trace of all but the last moments.
-type recordSink struct {
-	an   *analyzer.Analyzer
-	f    *os.File
-	mu   sync.Mutex // guards w: the reader writes, the flusher flushes
-	w    *events.Writer
-	err  error // the flusher's, returned by the next add
-	quit chan struct{}
-	done chan struct{}
-}
-
-const flushEvery = time.Second
-
-func newRecordSink(path string, h *events.Header) (*recordSink, error) {
-	s := &recordSink{an: analyzer.New(analyzer.Options{})}
-	s.an.BeginStream("live")
-	s.an.Add(&events.Record{Kind: events.RecHeader, Header: h})
-	if path == "" {
-		return s, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("creating the trace file: %w", err)
-	}
-	s.f = f
-	s.w = events.NewWriter(f)
-	err = s.w.Write(&events.Record{Kind: events.RecHeader, Header: h})
-	if err == nil {
-		err = s.w.Flush()
-	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("writing %s: %w", path, err)
-	}
-	s.quit, s.done = make(chan struct{}), make(chan struct{})
-	go s.flusher()
-	return s, nil
-}
-
-func (s *recordSink) flusher() {
-	defer close(s.done)
-	tick := time.NewTicker(flushEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-s.quit:
-			return
-		case <-tick.C:
-			s.mu.Lock()
-			if err := s.w.Flush(); err != nil && s.err == nil {
-				s.err = fmt.Errorf("writing the trace: %w", err)
-			}
-			s.mu.Unlock()
-		}
-	}
-}
-
-func (s *recordSink) add(r *events.Record) error {
-	s.an.Add(r)
-	if s.w == nil {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err != nil {
-		return s.err
-	}
-	if err := s.w.Write(r); err != nil {
-		return fmt.Errorf("writing the trace: %w", err)
-	}
-	return nil
-}
-
-// stopFlusher ends the periodic flushes; the writer is the caller's alone
-// afterwards.
-func (s *recordSink) stopFlusher() {
-	if s.quit != nil {
-		close(s.quit)
-		<-s.done
-		s.quit = nil
-	}
-}
-
-// abandon closes the file without a footer: tracing never started.
-func (s *recordSink) abandon() {
-	if s.w != nil {
-		s.stopFlusher()
-		s.w.Close()
-		s.f.Close()
-	}
-}
-
-func (s *recordSink) close(foot *events.Footer) error {
-	if s.w == nil {
-		return nil
-	}
-	s.stopFlusher()
-	err := s.w.Write(&events.Record{Kind: events.RecFooter, Footer: foot})
-	if cerr := s.w.Close(); err == nil {
-		err = cerr
-	}
-	if cerr := s.f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("closing the trace file: %w", err)
-	}
-	return nil
-}
-
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
@@ -383,7 +260,8 @@ func parseRingSize(v string) (int, error) {
 // report prints the analysis of what the session traced on w: stdout
 // for attach, stderr for run (whose stdout is the target's).
 func (s *session) report(foot *events.Footer, w io.Writer) error {
-	s.sink.an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
+	an := s.sink.Analyzer()
+	an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
 	expand := func(p string) (string, error) { return expandOutputPath(p, &s.header) }
-	return writeReport(w, s.sink.an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
+	return writeReport(w, an.Result(), s.flags.format, s.flags.failOn, &s.flags.rep, expand)
 }

@@ -7,15 +7,16 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/tracer"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 func init() {
 	// The gate must exec from the main thread; init runs there.
-	if len(os.Args) > 1 && os.Args[1] == tracer.GateArg {
+	if len(os.Args) > 1 && os.Args[1] == launch.GateArg {
 		runtime.LockOSThread()
-		tracer.RunGate(os.Args[2:])
+		launch.RunGate(os.Args[2:])
 	}
 }
 

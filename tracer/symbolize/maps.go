@@ -200,3 +200,20 @@ func openInode(path string, inode uint64) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// DropObject drops the PCs in the object at path (the recorder's own
+// library in the target). A walk that ends in it reached the recorder's
+// thread start wrapper: the target's part of the stack is whole.
+func (ms Maps) DropObject(pcs []uint64, complete bool, path string) ([]uint64, bool) {
+	out := pcs[:0]
+	for i, pc := range pcs {
+		if m, ok := ms.Find(pc); ok && m.Path == path {
+			if i == len(pcs)-1 {
+				complete = true
+			}
+			continue
+		}
+		out = append(out, pc)
+	}
+	return out, complete
+}

@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package tracer
+package hang
 
 import (
 	"os/exec"
@@ -18,16 +18,18 @@ import (
 // Hang detection reads /proc only: these tests need a C compiler and the
 // right to read a child's memory, not eBPF.
 
+func TestMain(m *testing.M) { testenv.Main(m) }
+
 // startWatched starts argv and watches it; the process is killed at the
 // end of the test. exited receives its Wait's result: the only Wait, so
 // that the test and the clean-up never wait on the same process together.
-func startWatched(t *testing.T, timeout time.Duration, argv ...string) (cmd *exec.Cmd, w *HangWatcher, exited <-chan error) {
+func startWatched(t *testing.T, timeout time.Duration, argv ...string) (cmd *exec.Cmd, w *Watcher, exited <-chan error) {
 	t.Helper()
 	cmd = exec.Command(argv[0], argv[1:]...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w = WatchHang(cmd.Process.Pid, HangOptions{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
+	w = Watch(cmd.Process.Pid, Options{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
 		Warn: func(s string) { t.Log(s) }})
 	result := make(chan error, 1)
 	waited := make(chan struct{})

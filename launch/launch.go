@@ -1,6 +1,9 @@
 //go:build linux && amd64
 
-package tracer
+// Package launch starts a target behind the gate and holds it with ptrace
+// at its exec, forks and exit: what a recorder needs to trace a command
+// from its first instruction to its last, whichever recorder it is.
+package launch
 
 import (
 	"fmt"
@@ -49,15 +52,15 @@ type Gated struct {
 	open *os.File
 }
 
-// StartGated starts argv under the gate with stdio passed through.
-func StartGated(argv []string) (*Gated, error) {
-	return StartGatedEnv(argv, nil, nil)
+// Start starts argv under the gate with stdio passed through.
+func Start(argv []string) (*Gated, error) {
+	return StartEnv(argv, nil, nil)
 }
 
-// StartGatedEnv is StartGated with the target's environment (nil: this
+// StartEnv is Start with the target's environment (nil: this
 // process's) and extra descriptors it inherits from fd 4 on (fd 3 is the
 // gate's own).
-func StartGatedEnv(argv, env []string, extra []*os.File) (*Gated, error) {
+func StartEnv(argv, env []string, extra []*os.File) (*Gated, error) {
 	if len(argv) == 0 {
 		return nil, fmt.Errorf("no command to run")
 	}

@@ -1,6 +1,9 @@
 //go:build linux && amd64
 
-package tracer
+// Package hang detects a deadlocked process from /proc alone: threads
+// blocked in lock waits, each waiting for a lock the next one owns. It
+// needs no recorder, so it watches whatever a session traces.
+package hang
 
 import (
 	"encoding/binary"
@@ -16,10 +19,11 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/tracer/unwind"
 )
 
-// HangOptions configure a HangWatcher.
-type HangOptions struct {
+// Options configure a Watcher.
+type Options struct {
 	// Timeout is how long the threads of a wait-for cycle must have been
 	// blocked, without running at all, before it is reported.
 	Timeout time.Duration
@@ -38,7 +42,7 @@ type HangOptions struct {
 	Hide string
 }
 
-// HangWatcher samples the threads of a live process and reports a
+// Watcher samples the threads of a live process and reports a
 // deadlock: threads blocked in lock waits, each waiting for a lock the
 // next one owns, all of them blocked for Timeout without running.
 //
@@ -47,34 +51,34 @@ type HangOptions struct {
 // pointer and instruction pointer), its run time (schedstat: a thread that
 // ran since the last sample is not stuck), the mutex's __owner and the
 // stack (/proc/PID/mem), unwound with the objects' CFI.
-type HangWatcher struct {
+type Watcher struct {
 	pid   int
-	opts  HangOptions
+	opts  Options
 	found chan *events.Hang
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once
 }
 
-// WatchHang starts watching pid. Found delivers at most one Hang.
-func WatchHang(pid int, opts HangOptions) *HangWatcher {
+// Watch starts watching pid. Found delivers at most one Hang.
+func Watch(pid int, opts Options) *Watcher {
 	if opts.Interval <= 0 {
 		opts.Interval = min(max(opts.Timeout/5, 50*time.Millisecond), time.Second)
 	}
 	if opts.Warn == nil {
 		opts.Warn = func(string) {}
 	}
-	w := &HangWatcher{pid: pid, opts: opts, found: make(chan *events.Hang, 1),
+	w := &Watcher{pid: pid, opts: opts, found: make(chan *events.Hang, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run()
 	return w
 }
 
 // Found delivers the deadlock once one is confirmed.
-func (w *HangWatcher) Found() <-chan *events.Hang { return w.found }
+func (w *Watcher) Found() <-chan *events.Hang { return w.found }
 
 // Stop ends the watch and waits for the sampler to finish.
-func (w *HangWatcher) Stop() {
+func (w *Watcher) Stop() {
 	w.once.Do(func() { close(w.stop) })
 	<-w.done
 }
@@ -91,6 +95,11 @@ const (
 	glibcHeapMaxSize = 64 << 20 // HEAP_MAX_SIZE on 64-bit: non-main heaps are aligned to it
 )
 
+// MutexOwnerOffset is where x86-64 glibc keeps a pthread_mutex_t's owner
+// TID (__data.__owner): the BPF side's GLIBC_MUTEX_OWNER_OFFSET in the
+// C/Go contract header, which the tracer's tests check this against.
+const MutexOwnerOffset = 8
+
 // waitSample is one thread seen blocked in a futex wait.
 type waitSample struct {
 	tid     int
@@ -101,7 +110,7 @@ type waitSample struct {
 	since   time.Time
 }
 
-func (w *HangWatcher) run() {
+func (w *Watcher) run() {
 	defer close(w.done)
 	tick := time.NewTicker(w.opts.Interval)
 	defer tick.Stop()
@@ -111,7 +120,7 @@ func (w *HangWatcher) run() {
 	// diagnosed again: a thread waiting long in pthread_join, say, would
 	// otherwise cost a full diagnosis every tick.
 	var sym *symbolize.Symbolizer
-	unw := newUnwinder()
+	unw := &unwinder{}
 	lastKey := ""
 	for {
 		select {
@@ -242,7 +251,7 @@ type blockedThread struct {
 
 // diagnose reads the long-blocked threads in full and returns a Hang when
 // their wait-for graph has a cycle.
-func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Symbolizer, unw *unwinder) *events.Hang {
+func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Symbolizer, unw *unwinder) *events.Hang {
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", w.pid))
 	if err != nil {
 		w.opts.Warn(fmt.Sprintf("hang detection: reading pid %d's memory: %v", w.pid, err))
@@ -263,7 +272,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize
 	threads := make([]*blockedThread, 0, len(long))
 	byTID := map[uint32]*blockedThread{}
 	for _, s := range long {
-		t := &blockedThread{waitSample: *s, name: threadName(uint32(w.pid), uint32(s.tid))}
+		t := &blockedThread{waitSample: *s, name: threadName(w.pid, s.tid)}
 		size := 64 << 10
 		if m, ok := maps.Find(s.sp); ok {
 			size = int(min(uint64(size), m.End-s.sp))
@@ -271,7 +280,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize
 		t.data = readMem(s.sp, size)
 		pcs, complete := unwindBlocked(unw, sym, maps, s.pc, s.sp, t.data)
 		if w.opts.Hide != "" {
-			pcs, complete = hideObject(maps, pcs, complete, w.opts.Hide)
+			pcs, complete = maps.DropObject(pcs, complete, w.opts.Hide)
 		}
 		t.stack = &events.Stack{Frames: sym.Frames(pcs), Truncated: !complete}
 		if w.opts.ArenaHeld != nil {
@@ -301,7 +310,7 @@ func (w *HangWatcher) diagnose(long []*waitSample, now time.Time, sym *symbolize
 		return nil
 	}
 	h := &events.Hang{
-		Time:    MonotonicNow(),
+		Time:    monotonicNow(),
 		PID:     uint32(w.pid),
 		Timeout: uint64(w.opts.Timeout),
 		Action:  w.opts.Action,
@@ -352,7 +361,7 @@ func classifyWait(t *blockedThread, readMem func(uint64, int) []byte, mainArena 
 		}
 	case inMutexLock(t.stack):
 		// pthread_mutex_t on x86-64 glibc: __lock at 0, then __owner.
-		const owner = int(hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET)
+		const owner = MutexOwnerOffset
 		if b := readMem(t.uaddr, owner+4); len(b) == owner+4 {
 			t.kind = "mutex"
 			t.owner = binary.LittleEndian.Uint32(b[owner:])
@@ -462,4 +471,36 @@ func unwindBlocked(unw *unwinder, sym *symbolize.Symbolizer, maps symbolize.Maps
 		}
 	}
 	return first, false
+}
+
+// unwinder walks a blocked thread's stack with the call-frame information
+// of the objects the process mapped, as the symbolizer read them; it keeps
+// its buffer from one walk to the next.
+type unwinder struct {
+	pcs []uint64
+}
+
+// unwind returns the PCs, the IP first, and whether the walk reached the
+// end of the stack.
+func (u *unwinder) unwind(sym *symbolize.Symbolizer, ip, sp, bp uint64, data []byte) ([]uint64, bool) {
+	var reason string
+	u.pcs, reason = unwind.AppendUnwind(u.pcs[:0], unwind.Sample{IP: ip, SP: sp, BP: bp, Stack: data}, sym.ResolveCFI, 64)
+	return u.pcs, reason == unwind.ReasonEndOfStack
+}
+
+// threadName is a thread's comm, or "" once it is gone.
+func threadName(pid, tid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// monotonicNow reads CLOCK_MONOTONIC, the clock of the trace's event
+// times, so that a Hang sorts among the events.
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
 }
