@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/launch"
+	"github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -38,42 +38,38 @@ func RunRing(opts tracer.Options, argv []string) (RingResult, error) {
 		return res, err
 	}
 	defer tr.Close()
-	g, err := launch.Start(argv)
+	tg, err := session.Launch(tr, argv)
 	if err != nil {
 		return res, err
 	}
-	if err := tr.Attach(g.Cmd.Process.Pid, g.Path); err != nil {
-		g.Abort()
+	if err := tg.Attach(); err != nil {
+		tg.Abort()
 		return res, err
 	}
 	var sink countingWriter
 	w := events.NewWriter(&sink)
-	h := &events.Header{Version: events.Version, Tool: "hooktrace bench", Command: argv,
-		Exe: g.Path, Clock: "CLOCK_MONOTONIC", Mode: opts.Mode, Probes: tr.Sites(), Allocator: tr.Allocator()}
+	h := &events.Header{Version: events.Version, Tool: "hooktrace bench", Clock: "CLOCK_MONOTONIC", Mode: opts.Mode}
+	tg.Header(h)
 	if err := w.Write(&events.Record{Kind: events.RecHeader, Header: h}); err != nil {
-		g.Abort()
+		tg.Abort()
 		return res, err
 	}
-	stop, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		err := tr.Run(stop, func(r *events.Record) error { return w.Write(r) })
-		if err == nil {
-			err = w.Write(&events.Record{Kind: events.RecFooter, Footer: &events.Footer{
-				Events: tr.Events(), Lost: tr.Lost(), Calls: tr.Calls()}})
-		}
-		if cerr := w.Close(); err == nil {
-			err = cerr
-		}
-		done <- err
-	}()
-	start := time.Now()
-	if err := g.Open(); err != nil {
-		g.Cmd.Process.Kill()
+	reading, err := session.Record(tr, w.Write)
+	if err != nil {
+		tg.Abort()
+		return res, err
 	}
-	waitErr := g.Cmd.Wait()
+	start := time.Now()
+	_, waitErr := tg.WaitUnheld()
 	res.Wall = time.Since(start)
-	close(stop)
-	if err := <-done; err != nil {
+	err = reading.Stop()
+	if err == nil {
+		err = w.Write(&events.Record{Kind: events.RecFooter, Footer: session.Footer(tr)})
+	}
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return res, fmt.Errorf("tracing: %w", err)
 	}
 	if waitErr != nil {
