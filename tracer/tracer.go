@@ -224,18 +224,8 @@ func (t *Tracer) Attach(pid int, exe string) error {
 			return err
 		}
 	}
-	// Every probe of pid is placed: tracing can be on from here. Run turns
-	// it on too, but callers start Run on a goroutine and then release a
-	// gated target, which could otherwise run its first calls untraced.
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.stopped {
-		return nil
-	}
-	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
-		return fmt.Errorf("turning tracing on: %w", err)
-	}
-	return nil
+	// Every probe of pid is placed: tracing can be on from here (see On).
+	return t.On()
 }
 
 // Exec places the probes pid's new image needs, called while pid is held
@@ -330,7 +320,15 @@ func checkProcess(pid int) error {
 // that won the race against Run's goroutine stayed gated for its whole
 // run, its locks seen by the uprobes but its exec and memory syscalls
 // never counted.
+//
+// Once Run is stopping, tracing stays off: a late Attach (a followed
+// child) must not turn it back on behind the drain.
 func (t *Tracer) On() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return nil
+	}
 	if err := t.objs.TracingOn.Set(uint32(1)); err != nil {
 		return fmt.Errorf("turning tracing on: %w", err)
 	}
