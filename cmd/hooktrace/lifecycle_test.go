@@ -24,26 +24,6 @@ import (
 // attach: the exit status, where the report goes, the ready file, and
 // what is kept when hooktrace or its target is stopped.
 
-// lifecycleReport is the part of a JSON report these tests read.
-type lifecycleReport struct {
-	Stats struct {
-		Complete   bool              `json:"complete"`
-		ExitStatus *int              `json:"exit_status"`
-		ExitSignal string            `json:"exit_signal"`
-		Calls      map[string]uint64 `json:"calls"`
-	} `json:"stats"`
-	Findings []json.RawMessage `json:"findings"`
-}
-
-func parseLifecycle(t *testing.T, report string) lifecycleReport {
-	t.Helper()
-	var r lifecycleReport
-	if err := json.Unmarshal([]byte(report), &r); err != nil {
-		t.Fatalf("the report is not JSON: %v\n%s", err, report)
-	}
-	return r
-}
-
 // TestRunExitStatus: run exits with the target's status when it failed
 // (128+N when signal N killed it), else 1 (--error-exitcode) when findings
 // fail the gate, else 0; --ignore-target-status leaves the verdict alone.
@@ -107,7 +87,7 @@ func TestRunReportNeverOnStdout(t *testing.T) {
 	if stdout != "exiting 0\n" {
 		t.Errorf("stdout %q: want the target's alone", stdout)
 	}
-	r := parseLifecycle(t, report)
+	r := parseReport(t, report)
 	if r.Stats.ExitStatus == nil || *r.Stats.ExitStatus != 0 || r.Stats.Calls["pthread_mutex_lock"] < 3 {
 		t.Errorf("report stats: %+v", r.Stats)
 	}
@@ -236,7 +216,7 @@ func TestReadyFile(t *testing.T) {
 		}
 		b, _ := os.ReadFile(report)
 		// Every lock call of the target was seen: 3 before "waiting", 1 after.
-		if r := parseLifecycle(t, string(b)); r.Stats.Calls["pthread_mutex_lock"] < 4 {
+		if r := parseReport(t, string(b)); r.Stats.Calls["pthread_mutex_lock"] < 4 {
 			t.Errorf("calls %v: want the target's 4 pthread_mutex_lock", r.Stats.Calls)
 		}
 	})
@@ -266,7 +246,7 @@ func TestReadyFile(t *testing.T) {
 		if code := s.wait(t); code != 0 {
 			t.Fatalf("exit %d\n%s", code, s.stderr())
 		}
-		if r := parseLifecycle(t, string(stdout)); r.Stats.Calls["pthread_mutex_lock"] < 1 {
+		if r := parseReport(t, string(stdout)); r.Stats.Calls["pthread_mutex_lock"] < 1 {
 			t.Errorf("calls %v: want the one pthread_mutex_lock made after the ready file", r.Stats.Calls)
 		}
 	})
@@ -301,7 +281,7 @@ func TestKilledTracerKeepsTrace(t *testing.T) {
 	if code != 0 || !strings.Contains(stderr, "truncated") {
 		t.Fatalf("analyze after SIGKILL: exit %d, stderr %q", code, stderr)
 	}
-	if r := parseLifecycle(t, stdout); r.Stats.Complete {
+	if r := parseReport(t, stdout); r.Stats.Complete {
 		t.Errorf("a trace without a footer reported complete")
 	}
 	// The target, orphaned, is unharmed: it finishes when told to.
@@ -373,7 +353,7 @@ func TestStopRun(t *testing.T) {
 			if err != nil {
 				t.Fatalf("no report: %v\n%s", err, s.stderr())
 			}
-			r := parseLifecycle(t, string(b))
+			r := parseReport(t, string(b))
 			want := map[syscall.Signal]string{syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT"}[c.sig]
 			if r.Stats.ExitSignal != want || !r.Stats.Complete || r.Stats.Calls["pthread_mutex_lock"] < 3 {
 				t.Errorf("report stats %+v: want the target killed by %s, a complete trace with its lock calls", r.Stats, want)
@@ -497,7 +477,7 @@ func TestRunLeavesDeadlockedTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := parseLifecycle(t, string(rb)); len(r.Findings) == 0 || r.Stats.ExitStatus != nil || r.Stats.ExitSignal != "" {
+	if r := parseReport(t, string(rb)); len(r.Findings) == 0 || r.Stats.ExitStatus != nil || r.Stats.ExitSignal != "" {
 		t.Errorf("report: %d findings, stats %+v; want the deadlock and no exit status", len(r.Findings), r.Stats)
 	}
 }

@@ -252,33 +252,7 @@ func TestPreloadConstructors(t *testing.T) {
 // recorder's: jemalloc stays the allocator, the shim forwards to it, and
 // every call is counted.
 func TestPreloadJemalloc(t *testing.T) {
-	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-	testenv.File(t, je, "apt-get install -y libjemalloc2")
-	trace := filepath.Join(t.TempDir(), "je.htr")
-	cmd := exec.Command(hooktraceBin, "run", "--recorder", "preload", "--mode", "full", "--ignore-target-status", "-o", trace, "--", testenv.Program(t, "mallocs"))
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 0 {
-			t.Fatalf("%v\n%s", err, out)
-		}
-	}
-	evs, stacks, r := readTrace(t, trace)
-	if h := r.Header(); h == nil || h.Allocator != "jemalloc" {
-		t.Errorf("header allocator: %+v", h)
-	}
-	n := 0
-	for _, e := range evs {
-		if e.Op == events.OpMalloc && e.Size == 777 {
-			n++
-			if s := stacks[e.Stack]; s == nil || len(s.Frames) == 0 || !strings.Contains(s.Frames[0].Object, "jemalloc") {
-				t.Fatalf("malloc(777) not forwarded to jemalloc:%s", stackString(s))
-			}
-		}
-	}
-	if n != 10000 {
-		t.Errorf("malloc(777): %d events, want 10000", n)
-	}
+	traceJemalloc(t, "preload")
 }
 
 // TestPreloadSIGKILL: a target that dies by SIGKILL runs no exit handler;

@@ -244,10 +244,19 @@ func TestConstructorsAndStatic(t *testing.T) {
 // there, and the trace says which allocator it is.
 func TestPreloadedJemalloc(t *testing.T) {
 	testenv.RequireBPF(t)
+	traceJemalloc(t, "ebpf")
+}
+
+// traceJemalloc runs testdata/mallocs.c with LD_PRELOAD=libjemalloc under
+// recorder, in full mode: the header names jemalloc, and each of the
+// program's 10000 malloc(777) is an event whose stack starts in jemalloc.
+func traceJemalloc(t *testing.T, recorder string) {
+	t.Helper()
 	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 	testenv.File(t, je, "apt-get install -y libjemalloc2")
 	trace := filepath.Join(t.TempDir(), "je.htr")
-	cmd := exec.Command(hooktraceBin, "run", "--mode", "full", "--ignore-target-status", "-o", trace, "--", testenv.Program(t, "mallocs"))
+	cmd := exec.Command(hooktraceBin, "run", "--recorder", recorder, "--mode", "full", "--ignore-target-status",
+		"-o", trace, "--", testenv.Program(t, "mallocs"))
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
