@@ -8,6 +8,7 @@ package hang
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"os"
 	"sort"
 	"strconv"
@@ -272,7 +273,7 @@ func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Sym
 	threads := make([]*blockedThread, 0, len(long))
 	byTID := map[uint32]*blockedThread{}
 	for _, s := range long {
-		t := &blockedThread{waitSample: *s, name: threadName(w.pid, s.tid)}
+		t := &blockedThread{waitSample: *s, name: proc.ThreadName(w.pid, s.tid)}
 		size := 64 << 10
 		if m, ok := maps.Find(s.sp); ok {
 			size = int(min(uint64(size), m.End-s.sp))
@@ -310,7 +311,7 @@ func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Sym
 		return nil
 	}
 	h := &events.Hang{
-		Time:    monotonicNow(),
+		Time:    proc.Now(),
 		PID:     uint32(w.pid),
 		Timeout: uint64(w.opts.Timeout),
 		Action:  w.opts.Action,
@@ -486,21 +487,4 @@ func (u *unwinder) unwind(sym *symbolize.Symbolizer, ip, sp, bp uint64, data []b
 	var reason string
 	u.pcs, reason = unwind.AppendUnwind(u.pcs[:0], unwind.Sample{IP: ip, SP: sp, BP: bp, Stack: data}, sym.ResolveCFI, 64)
 	return u.pcs, reason == unwind.ReasonEndOfStack
-}
-
-// threadName is a thread's comm, or "" once it is gone.
-func threadName(pid, tid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
-
-// monotonicNow reads CLOCK_MONOTONIC, the clock of the trace's event
-// times, so that a Hang sorts among the events.
-func monotonicNow() uint64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
 }

@@ -5,7 +5,7 @@ package tracer
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,7 +226,7 @@ func (c *converter) event(r *hooktraceEvent) error {
 		p.threads[r.Tid] = true
 		c.nthreads.Add(1)
 		if err := c.send(&events.Record{Kind: events.RecThread, Thread: events.Thread{
-			PID: r.Pid, TID: r.Tid, Name: threadName(r.Pid, r.Tid)}}); err != nil {
+			PID: r.Pid, TID: r.Tid, Name: proc.ThreadName(int(r.Pid), int(r.Tid))}}); err != nil {
 			return err
 		}
 	}
@@ -392,7 +392,7 @@ func (c *converter) sendStack(p *procState, frames []events.Frame, truncated boo
 }
 
 func (c *converter) emitLost(n uint64) error {
-	return c.send(&events.Record{Kind: events.RecLost, Lost: events.Lost{Time: MonotonicNow(), Count: n}})
+	return c.send(&events.Record{Kind: events.RecLost, Lost: events.Lost{Time: proc.Now(), Count: n}})
 }
 
 func (c *converter) send(r *events.Record) error {
@@ -400,12 +400,4 @@ func (c *converter) send(r *events.Record) error {
 		return nil
 	}
 	return c.emit(r)
-}
-
-func threadName(pid, tid uint32) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"os"
 	"path/filepath"
 	"slices"
@@ -304,7 +305,7 @@ func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) err
 			return err
 		}
 		// Syscall events no shim record will come before any more.
-		upTo := MonotonicNow() - uint64(100*time.Millisecond)
+		upTo := proc.Now() - uint64(100*time.Millisecond)
 		if stopped {
 			upTo = ^uint64(0)
 		}

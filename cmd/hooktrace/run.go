@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	sess "github.com/hooktrace/hooktrace/session"
-	"github.com/hooktrace/hooktrace/tracer"
 )
 
 func newRunCmd() *cobra.Command {
@@ -116,7 +116,7 @@ func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, e
 		ws, err = t.Wait(f.followForks, func(s string) { slog.Warn(s) })
 		return err
 	}
-	launched := tracer.MonotonicNow()
+	launched := proc.Now()
 	reason, waitErr := s.waitTarget(pid, wait)
 	runErr := reading.Stop()
 	if waitErr != nil {

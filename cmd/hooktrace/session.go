@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"io"
 	"log/slog"
 	"os"
@@ -127,7 +128,7 @@ func newSession(f *traceFlags) (*session, error) {
 		Kernel:     kernelRelease(),
 		Clock:      "CLOCK_MONOTONIC",
 		StartUnix:  time.Now().UnixNano(),
-		StartNS:    tracer.MonotonicNow(),
+		StartNS:    proc.Now(),
 		Mode:       f.mode,
 		Recorder:   recorderName(tr),
 		UserProbes: probes,
@@ -162,7 +163,7 @@ func (s *session) start() (*sess.Reading, error) {
 func (s *session) finish(reason string, exit *int, signal string) (*events.Footer, error) {
 	s.status.stop()
 	foot := sess.Footer(s.tr)
-	foot.EndNS = tracer.MonotonicNow()
+	foot.EndNS = proc.Now()
 	foot.ExitStatus, foot.ExitSignal = exit, signal
 	foot.Reason = reason
 	foot.Hang = s.hang

@@ -1,0 +1,31 @@
+//go:build linux
+
+// Package proc holds the small facts about live processes that the tracer,
+// the hang watcher and the CLI all read the same way: the clock the trace's
+// event times are on, and a thread's name.
+package proc
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Now reads CLOCK_MONOTONIC, the clock BPF's bpf_ktime_get_ns uses: event
+// times, trace header/footer times and a hang's time are all on it.
+func Now() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+// ThreadName is a thread's comm, or "" once it is gone.
+func ThreadName(pid, tid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
