@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package tracer
+package preload
 
 import (
 	"bytes"
@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/hooktrace/hooktrace/source"
 )
 
-// The shim's probe table (../preload/src/shm.h): --probe and --forbid
+// The shim's probe table (src/shm.h): --probe and --forbid
 // functions, which the shim breaks on in the process (int3 and a SIGTRAP
 // handler) and resumes at a displaced copy of their first instruction.
 const (
@@ -25,25 +27,25 @@ const (
 // is (object and address) and its first instruction. An instruction that
 // would not do the same at another address (relative to the instruction
 // pointer, or a transfer of control) is refused with the reason.
-func (p *Preload) writeProbes(plan []site, exe string) error {
+func (p *Preload) writeProbes(plan []source.Site, exe string) error {
 	exeCanon := exe
 	if c, err := filepath.EvalSymlinks(exe); err == nil {
 		exeCanon = c
 	}
 	n := 0
 	for _, s := range plan {
-		if s.userIdx < 0 {
+		if s.UserIdx < 0 {
 			continue
 		}
-		spec := p.opts.UserProbes[s.userIdx]
-		if len(s.code) == 0 {
+		spec := p.opts.UserProbes[s.UserIdx]
+		if len(s.Code) == 0 {
 			return fmt.Errorf("--probe %s: its code could not be read", spec)
 		}
-		inst, err := x86asm.Decode(s.code, 64)
+		inst, err := x86asm.Decode(s.Code, 64)
 		if err != nil {
 			return fmt.Errorf("--probe %s: decoding its first instruction: %w", spec, err)
 		}
-		dispAt, why := displacement(inst, s.code[:inst.Len])
+		dispAt, why := displacement(inst, s.Code[:inst.Len])
 		if why != "" {
 			return fmt.Errorf("--probe %s: its first instruction (%v) %s; use --recorder ebpf", spec, inst, why)
 		}
@@ -51,14 +53,14 @@ func (p *Preload) writeProbes(plan []site, exe string) error {
 		clear(e)
 		// The executable is the object without a name in the loader's
 		// list; a library is found by its file name.
-		if s.object != exeCanon {
-			copy(e[:79], filepath.Base(s.object))
+		if s.Object != exeCanon {
+			copy(e[:79], filepath.Base(s.Object))
 		}
-		binary.LittleEndian.PutUint64(e[80:], s.sym.Value)
-		binary.LittleEndian.PutUint32(e[88:], uint32(s.userIdx))
+		binary.LittleEndian.PutUint64(e[80:], s.Sym.Value)
+		binary.LittleEndian.PutUint32(e[88:], uint32(s.UserIdx))
 		e[92] = byte(inst.Len)
 		e[93] = byte(dispAt)
-		copy(e[96:112], s.code[:inst.Len])
+		copy(e[96:112], s.Code[:inst.Len])
 		n++
 	}
 	binary.LittleEndian.PutUint32(p.mem[shmOffNProbes:], uint32(n))

@@ -11,7 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/hooktrace/hooktrace/preload"
 	sess "github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -100,7 +102,7 @@ func unpreloadable(argv []string) string {
 // can be preloaded) is the preloaded library, plus, where eBPF is
 // permitted, the kernel's syscall tracepoint: it sees the memory syscalls
 // glibc makes inside free, which no interposition does.
-func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
+func newRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 	if f.recorder == recorderAuto {
 		f.recorder = recorderPreload
 		sysOpts := opts
@@ -109,7 +111,7 @@ func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 		if err != nil && !errors.Is(err, tracer.ErrPermission) {
 			return nil, err
 		}
-		p, perr := tracer.NewPreload(opts)
+		p, perr := preload.New(opts)
 		if perr != nil {
 			if sys != nil {
 				sys.Close()
@@ -122,7 +124,7 @@ func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 		return p, nil
 	}
 	if f.recorder == recorderPreload {
-		p, err := tracer.NewPreload(opts)
+		p, err := preload.New(opts)
 		if err != nil {
 			return nil, err
 		}
@@ -138,7 +140,7 @@ func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 // recorderName is what the trace header says recorded it: ebpf, preload,
 // or preload+sys_enter (with the kernel's syscall tracepoint).
 func recorderName(r recorder) string {
-	if p, ok := r.(*tracer.Preload); ok {
+	if p, ok := r.(*preload.Preload); ok {
 		if p.Syscalls() {
 			return recorderPreload + "+sys_enter"
 		}
@@ -173,7 +175,7 @@ func explainRecorderError(f *traceFlags, err error) error {
 // hiddenObject is the library whose frames are the recorder's, not the
 // target's, if the recorder put one in the target.
 func hiddenObject(r recorder) string {
-	if p, ok := r.(*tracer.Preload); ok {
+	if p, ok := r.(*preload.Preload); ok {
 		return p.Library()
 	}
 	return ""
