@@ -37,17 +37,9 @@ func (p *Preload) writeProbes(plan []source.Site, exe string) error {
 		if s.UserIdx < 0 {
 			continue
 		}
-		spec := p.opts.UserProbes[s.UserIdx]
-		if len(s.Code) == 0 {
-			return fmt.Errorf("--probe %s: its code could not be read", spec)
-		}
-		inst, err := x86asm.Decode(s.Code, 64)
+		inst, dispAt, err := entry(s, p.opts.UserProbes[s.UserIdx])
 		if err != nil {
-			return fmt.Errorf("--probe %s: decoding its first instruction: %w", spec, err)
-		}
-		dispAt, why := displacement(inst, s.Code[:inst.Len])
-		if why != "" {
-			return fmt.Errorf("--probe %s: its first instruction (%v) %s; use --recorder ebpf", spec, inst, why)
+			return err
 		}
 		e := p.mem[shmOffProbes+n*shmProbeBytes : shmOffProbes+(n+1)*shmProbeBytes]
 		clear(e)
@@ -64,6 +56,58 @@ func (p *Preload) writeProbes(plan []source.Site, exe string) error {
 		n++
 	}
 	binary.LittleEndian.PutUint32(p.mem[shmOffNProbes:], uint32(n))
+	return nil
+}
+
+// EntryError says why the shim cannot break on a --probe function: its
+// first instruction would not do the same from a displaced copy.
+type EntryError struct {
+	Probe string // as the user named it
+	Inst  string // the instruction
+	Why   string
+}
+
+// Reason is the error without its advice.
+func (e *EntryError) Reason() string {
+	return fmt.Sprintf("--probe %s: its first instruction (%s) %s", e.Probe, e.Inst, e.Why)
+}
+
+func (e *EntryError) Error() string { return e.Reason() + "; use --recorder ebpf" }
+
+// entry decodes the first instruction of s, the user's probe spec, which
+// the shim runs from a copy, and finds its rip-relative displacement.
+func entry(s source.Site, spec string) (x86asm.Inst, int, error) {
+	if len(s.Code) == 0 {
+		return x86asm.Inst{}, 0, fmt.Errorf("--probe %s: its code could not be read", spec)
+	}
+	inst, err := x86asm.Decode(s.Code, 64)
+	if err != nil {
+		return x86asm.Inst{}, 0, &EntryError{Probe: spec, Inst: fmt.Sprintf("% x", s.Code[:min(len(s.Code), 8)]),
+			Why: "could not be decoded: " + err.Error()}
+	}
+	dispAt, why := displacement(inst, s.Code[:inst.Len])
+	if why != "" {
+		return x86asm.Inst{}, 0, &EntryError{Probe: spec, Inst: inst.String(), Why: why}
+	}
+	return inst, dispAt, nil
+}
+
+// CheckProbes says, before exe runs, whether the shim can break on each of
+// probes: an *EntryError names one it cannot. Other errors (a function
+// not found) are the same whichever recorder runs.
+func CheckProbes(exe string, probes []string) error {
+	plan, err := source.PlanSites(0, exe, probes, func(string) {})
+	if err != nil {
+		return err
+	}
+	for _, s := range plan {
+		if s.UserIdx < 0 {
+			continue
+		}
+		if _, _, err := entry(s, probes[s.UserIdx]); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -65,15 +65,25 @@ type errAutoEBPF struct{ why string }
 
 func (e errAutoEBPF) Error() string { return e.why }
 
-// unpreloadable says why the loader would not preload a library into
-// argv[0], or "".
-func unpreloadable(argv []string) string {
+// targetPath is the executable argv[0] names, "" when there is none (the
+// launch reports it).
+func targetPath(argv []string) string {
 	if len(argv) == 0 {
 		return ""
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return "" // the launch reports it
+		return ""
+	}
+	return path
+}
+
+// unpreloadable says why the loader would not preload a library into
+// argv[0], or "".
+func unpreloadable(argv []string) string {
+	path := targetPath(argv)
+	if path == "" {
+		return ""
 	}
 	if st, err := os.Stat(path); err == nil && st.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
 		return fmt.Sprintf("%s is setuid or setgid: the loader ignores LD_PRELOAD for it", path)
@@ -159,6 +169,18 @@ func resolveRecorder(f *traceFlags, argv []string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if choice == recorderAuto {
+		// A function the shim cannot break on needs a uprobe.
+		probes, err := f.userProbes()
+		if err != nil {
+			return err
+		}
+		var entry *preload.EntryError
+		if len(probes) > 0 && errors.As(preload.CheckProbes(targetPath(argv), probes), &entry) {
+			f.autoWhy = entry.Reason() + ": the preload recorder cannot break on it"
+			choice = recorderEBPF
+		}
 	}
 	f.recorder = choice
 	return nil

@@ -120,6 +120,9 @@ func newSession(f *traceFlags) (*session, error) {
 	if err != nil {
 		return nil, explainRecorderError(f, err)
 	}
+	if f.autoWhy != "" {
+		fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", f.autoWhy)
+	}
 	s := &session{flags: f, tr: tr}
 	s.header = events.Header{
 		Version:    events.Version,
