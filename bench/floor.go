@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/hooktrace/hooktrace/launch"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -26,7 +27,7 @@ type floor struct {
 // waits at its gate and closed again, so the floor is always measured at the
 // sites of the code being benchmarked.
 func attachFloor(g *launch.Gated, atEntry bool, warn func(string)) (*floor, error) {
-	tr, err := tracer.New(tracer.Options{Warn: warn})
+	tr, err := tracer.New(source.Options{Warn: warn})
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/hooktrace/hooktrace/internal/testenv"
-	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/source"
 )
 
 var (
@@ -31,8 +31,8 @@ func BenchmarkHookRing(b *testing.B) {
 	testenv.RequireBPF(b)
 	prog := testenv.Program(b, "hookstorm")
 	argv := []string{prog, strconv.Itoa(*hookRounds), strconv.Itoa(*hookThreads)}
-	for _, mode := range []string{tracer.ModeAggregate, tracer.ModeFull} {
-		r, err := RunRing(tracer.Options{Mode: mode, Warn: func(s string) { b.Log("warning:", s) }}, argv)
+	for _, mode := range []string{source.ModeAggregate, source.ModeFull} {
+		r, err := RunRing(source.Options{Mode: mode, Warn: func(s string) { b.Log("warning:", s) }}, argv)
 		if err != nil {
 			b.Fatalf("%s: %v", mode, err)
 		}

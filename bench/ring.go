@@ -8,6 +8,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -31,7 +32,7 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // RunRing traces argv with hooktrace's tracer in this process, encoding
 // the stream as a trace file (to a byte counter) as a real run does, and
 // reports the ring's traffic: the one thing the CLI does not show.
-func RunRing(opts tracer.Options, argv []string) (RingResult, error) {
+func RunRing(opts source.Options, argv []string) (RingResult, error) {
 	var res RingResult
 	tr, err := tracer.New(opts)
 	if err != nil {

@@ -1,6 +1,9 @@
-// Package preload holds hooktrace's user-space recorder: the C library
-// (src/shim.c) that hooktrace preloads into a target to record its allocator,
-// lock and thread calls into shared memory without a kernel trap per call.
+// Package preload holds hooktrace's user-space source of events: the C
+// library (src/shim.c) that hooktrace preloads into a target to record its
+// allocator, lock and thread calls into shared memory without a kernel trap
+// per call, and Preload, which sets that memory up, reads it and turns the
+// records into events with package source, as the BPF tracer (package
+// tracer) does its own.
 // The built library is committed and embedded, so hooktrace stays one
 // binary that needs nothing installed; `make generate` rebuilds it with
 // gcc, and `make check-generated` checks it matches its source.

@@ -13,7 +13,9 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/launch"
+	"github.com/hooktrace/hooktrace/preload"
 	"github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -30,8 +32,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // Both recorders are sources for the same session.
 var (
 	_ session.Recorder = (*tracer.Tracer)(nil)
-	_ session.Recorder = (*tracer.Preload)(nil)
-	_ session.Launcher = (*tracer.Preload)(nil)
+	_ session.Recorder = (*preload.Preload)(nil)
+	_ session.Launcher = (*preload.Preload)(nil)
 )
 
 // traceMallocs traces testdata/mallocs.c (4 threads, 10000 malloc(777)
@@ -131,7 +133,7 @@ func warnTo(t *testing.T) func(string) {
 
 func TestSessionWithBPFTracer(t *testing.T) {
 	testenv.RequireBPF(t)
-	tr, err := tracer.New(tracer.Options{Mode: tracer.ModeFull, Warn: warnTo(t)})
+	tr, err := tracer.New(source.Options{Mode: source.ModeFull, Warn: warnTo(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +142,7 @@ func TestSessionWithBPFTracer(t *testing.T) {
 }
 
 func TestSessionWithPreload(t *testing.T) {
-	p, err := tracer.NewPreload(tracer.Options{Mode: tracer.ModeFull, Warn: warnTo(t)})
+	p, err := preload.New(source.Options{Mode: source.ModeFull, Warn: warnTo(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer/placement"
 )
 
@@ -33,7 +34,7 @@ type probeBatch struct {
 // has overwritten kills the process on its next call.
 // Sites in placed (by pid, object, offset, kind) are skipped, and the new
 // ones added to it: a re-planned process keeps its probes.
-func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocRange, placed map[string]bool, warn func(string)) ([]link.Link, []events.ProbeSite) {
+func attachPlan(pid int, plan []source.Site, prog, retProg *ebpf.Program, alloc *source.AllocRange, placed map[string]bool, warn func(string)) ([]link.Link, []events.ProbeSite) {
 	batches := map[[2]string]*probeBatch{}
 	var order [][2]string
 	add := func(object, file string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
@@ -55,47 +56,47 @@ func attachPlan(pid int, plan []site, prog, retProg *ebpf.Program, alloc *allocR
 	}
 	for i := range plan {
 		s := &plan[i]
-		if s.code == nil {
+		if s.Code == nil {
 			continue
 		}
-		if s.live != 0 {
-			err := placement.CheckLive(pid, s.live, s.code[:min(len(s.code), 16)])
+		if s.Live != 0 {
+			err := placement.CheckLive(pid, s.Live, s.Code[:min(len(s.Code), 16)])
 			// Our own breakpoints (a followed child inherits them) are safe.
 			if err != nil && !errors.Is(err, placement.ErrBreakpoint) {
-				warn(fmt.Sprintf("not probing %s in %s: %v", s.fn.name, s.object, err))
+				warn(fmt.Sprintf("not probing %s in %s: %v", s.Fn.Name, s.Object, err))
 				continue
 			}
 		}
-		op := s.fn.op
-		offset := uint64(s.choice.Offset)
-		cookie := probeCookie{op: op, adj: uint16(s.choice.StackAdjust)}
-		note := s.choice.Note
-		if s.userIdx >= 0 {
-			cookie.user = uint32(s.userIdx)
-		} else if op.IsAllocator() && alloc != nil && s.obj == alloc.obj {
-			alloc.cookieRange(&cookie, s.sym.Offset+offset)
-		} else if op.IsLockAcquire() && s.choice.Refires {
+		op := s.Fn.Op
+		offset := uint64(s.Choice.Offset)
+		cookie := probeCookie{op: op, adj: uint16(s.Choice.StackAdjust)}
+		note := s.Choice.Note
+		if s.UserIdx >= 0 {
+			cookie.user = uint32(s.UserIdx)
+		} else if op.IsAllocator() && alloc != nil && s.Obj == alloc.Obj {
+			cookie.setRange(alloc, s.Sym.Offset+offset)
+		} else if op.IsLockAcquire() && s.Choice.Refires {
 			cookie.refires = true
-		} else if s.alias != events.OpNone {
-			cookie.alias = s.alias
-			note = strings.TrimPrefix(note+"; ", "; ") + "also " + s.alias.String() +
+		} else if s.Alias != events.OpNone {
+			cookie.alias = s.Alias
+			note = strings.TrimPrefix(note+"; ", "; ") + "also " + s.Alias.String() +
 				" (same address): a call on a lock the thread does not hold is that"
 		}
-		if s.fn.ret {
+		if s.Fn.Ret {
 			// The return probe hooks the entry; the entry probe goes there
 			// too, where the arguments are as the caller passed them.
 			offset, note = 0, "entry: a return probe is placed here anyway"
-			cookie = probeCookie{op: op, user: userField(s.userIdx)}
+			cookie = probeCookie{op: op, user: userField(s.UserIdx)}
 		}
-		add(s.object, s.file, false, s.sym.Offset+offset, cookie.encode(), events.ProbeSite{Name: s.fn.name, Object: s.object,
-			Offset: offset, Address: s.sym.Value + offset, Kind: "uprobe", Note: note})
-		if s.fn.ret && retProg != nil {
+		add(s.Object, s.File, false, s.Sym.Offset+offset, cookie.encode(), events.ProbeSite{Name: s.Fn.Name, Object: s.Object,
+			Offset: offset, Address: s.Sym.Value + offset, Kind: "uprobe", Note: note})
+		if s.Fn.Ret && retProg != nil {
 			retOp := op
 			if op == events.OpProbeEnter {
 				retOp = events.OpProbeExit
 			}
-			add(s.object, s.file, true, s.sym.Offset, probeCookie{op: retOp, user: userField(s.userIdx)}.encode(),
-				events.ProbeSite{Name: s.fn.name, Object: s.object, Address: s.sym.Value, Kind: "uretprobe"})
+			add(s.Object, s.File, true, s.Sym.Offset, probeCookie{op: retOp, user: userField(s.UserIdx)}.encode(),
+				events.ProbeSite{Name: s.Fn.Name, Object: s.Object, Address: s.Sym.Value, Kind: "uretprobe"})
 		}
 	}
 	var links []link.Link

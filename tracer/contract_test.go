@@ -15,6 +15,7 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/hang"
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/source"
 )
 
 // The BPF side's numbers are enums in bpf/hooktrace.h; these tests read
@@ -111,13 +112,13 @@ func TestFlagsMatchBPF(t *testing.T) {
 func TestProbeFuncsAreOps(t *testing.T) {
 	c := objectEnum(t, "op")
 	probed := map[events.Op]bool{}
-	for _, f := range probeFuncs {
-		probed[f.op] = true
-		if f.name != f.op.String() {
-			t.Errorf("probe %s for op %v", f.name, f.op)
+	for _, f := range source.ProbeFuncs {
+		probed[f.Op] = true
+		if f.Name != f.Op.String() {
+			t.Errorf("probe %s for op %v", f.Name, f.Op)
 		}
-		if _, ok := c[cName(f.op)]; !ok {
-			t.Errorf("probe %s has no BPF op", f.name)
+		if _, ok := c[cName(f.Op)]; !ok {
+			t.Errorf("probe %s has no BPF op", f.Name)
 		}
 	}
 	// Every library call the model has is probed (syscalls, thread events
@@ -174,9 +175,9 @@ int main(int argc, char **argv) {
 		t.Fatal(err)
 	}
 	bin := testenv.C{Source: src, Name: "cookie"}.Build(t)
-	r := &allocRange{object: "libc.so.6", lo: 0x9a000, hi: 0x9a000 + 0x1c345}
+	r := &source.AllocRange{Object: "libc.so.6", Lo: 0x9a000, Hi: 0x9a000 + 0x1c345}
 	alloc := probeCookie{op: events.OpMalloc, adj: 0x18}
-	r.cookieRange(&alloc, 0xa1230)
+	alloc.setRange(r, 0xa1230)
 	if alloc.length == 0 {
 		t.Fatal("the allocator range did not fit the cookie")
 	}
@@ -206,7 +207,7 @@ int main(int argc, char **argv) {
 			t.Errorf("cookie %+v: C reads %q, want %q", c, lines[min(i, len(lines)-1)], want)
 		}
 	}
-	if alloc.back != 0xa1230-0x9a000 || alloc.rangeBytes() < r.hi-r.lo {
-		t.Errorf("allocator range back %#x, %#x bytes; want %#x, at least %#x", alloc.back, alloc.rangeBytes(), 0xa1230-0x9a000, r.hi-r.lo)
+	if alloc.back != 0xa1230-0x9a000 || alloc.rangeBytes() < r.Hi-r.Lo {
+		t.Errorf("allocator range back %#x, %#x bytes; want %#x, at least %#x", alloc.back, alloc.rangeBytes(), 0xa1230-0x9a000, r.Hi-r.Lo)
 	}
 }

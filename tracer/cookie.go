@@ -2,7 +2,10 @@
 
 package tracer
 
-import "github.com/hooktrace/hooktrace/events"
+import (
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/source"
+)
 
 // probeCookie is what a uprobe's BPF cookie tells the probe: the layout of
 // COOKIE_* in bpf/hooktrace.h, whose shifts and widths are the generated
@@ -76,3 +79,18 @@ func decodeCookie(v uint64) probeCookie {
 
 // rangeBytes is the allocator's length in bytes, as COOKIE_RANGE_LEN.
 func (c probeCookie) rangeBytes() uint64 { return uint64(c.length) << cookieLenUnit }
+
+// setRange sets, for an allocator probe at file offset off, where the
+// allocator's code r lies relative to it (see COOKIE_RANGE_* in BPF); it
+// leaves c alone when the range does not fit the cookie's fields.
+func (c *probeCookie) setRange(r *source.AllocRange, off uint64) {
+	if r == nil || r.Object == "" || off < r.Lo {
+		return
+	}
+	back := off - r.Lo
+	units := (r.Hi - r.Lo + 1<<cookieLenUnit - 1) >> cookieLenUnit
+	if back >= 1<<cookieBackBits || units == 0 || units >= 1<<cookieLenBits {
+		return
+	}
+	c.back, c.length = uint32(back), uint32(units)
+}

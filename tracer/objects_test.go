@@ -1,9 +1,6 @@
 package tracer_test
 
 import (
-	"github.com/hooktrace/hooktrace/internal/testenv"
-	"github.com/hooktrace/hooktrace/session"
-
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +11,9 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -53,7 +53,7 @@ func TestReplacedLibraryReadFromMapping(t *testing.T) {
 	prog, lib, newLib, fifo := replacedTarget(t)
 
 	var warnMu sync.Mutex
-	tr, err := tracer.New(tracer.Options{Warn: func(s string) { warnMu.Lock(); t.Log("warning:", s); warnMu.Unlock() }})
+	tr, err := tracer.New(source.Options{Warn: func(s string) { warnMu.Lock(); t.Log("warning:", s); warnMu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,8 +199,8 @@ func TestAttachProbesTheMappedLibrary(t *testing.T) {
 	}
 
 	var warnMu sync.Mutex
-	tr, err := tracer.New(tracer.Options{
-		Mode:       tracer.ModeFull,
+	tr, err := tracer.New(source.Options{
+		Mode:       source.ModeFull,
 		UserProbes: []string{"x_entry@libreplaced.so"},
 		Warn:       func(s string) { warnMu.Lock(); t.Log("warning:", s); warnMu.Unlock() },
 	})

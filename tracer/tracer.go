@@ -1,13 +1,13 @@
 //go:build linux && amd64
 
-// Package tracer holds hooktrace's two sources of events, both turned into
-// the same records by one converter (symbolized stacks, named locks, read
-// while the process is alive): Tracer attaches the BPF probes (the objects
-// generated from ../bpf), chooses the probe sites and reads the ring
-// buffer; Preload reads what the preloaded library (../preload) writes to
-// shared memory. Launching and holding the target (package launch),
-// tracing a command with either (package session) and hang detection
-// (package hang) are not theirs.
+// Package tracer is hooktrace's BPF source of events: Tracer loads the
+// objects generated from ../bpf, places uprobes on the functions
+// source.PlanSites finds, attaches the tracepoints and reads the ring
+// buffer. The other source is the preloaded recorder (package preload);
+// both write the same records, which package source converts into events.
+// Launching and holding the target (package launch), tracing a command
+// with either source (package session) and hang detection (package hang)
+// are not theirs.
 package tracer
 
 import (
@@ -16,70 +16,35 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/source"
 )
-
-// Modes of the kernel side.
-const (
-	// ModeAggregate sends what the analysis needs: every lock call, every
-	// memory syscall, and the allocator calls made with a lock held or
-	// inside another allocator call; the rest are only counted. The
-	// default: a malloc with no lock held cannot be part of a lock cycle,
-	// and most mallocs are made with none held.
-	ModeAggregate = "aggregate"
-	// ModeFull sends every call, for timelines and exact tests.
-	ModeFull = "full"
-)
-
-// Options configure a Tracer.
-type Options struct {
-	Mode        string
-	FollowForks bool
-	// RingBytes is the ring buffer's size (a power of two, at least a page).
-	RingBytes int
-	// NoSamples turns off raw stack samples inside allocator calls (and with
-	// them the unwinding through glibc that decides its arena lock).
-	NoSamples bool
-	// UserProbes are extra functions, SYMBOL or SYMBOL@object, traced at
-	// entry and exit.
-	UserProbes []string
-	// Warn receives warnings (a site refused, a missing symbol).
-	Warn func(string)
-	// SyscallsOnly places no uprobes: only the tracepoints, for the
-	// memory syscalls the preload recorder cannot see (glibc's own,
-	// inside free). Preload.AddSyscalls reads it.
-	SyscallsOnly bool
-}
 
 // Errors a user can hit, for distinct exit codes.
 var (
 	ErrPermission = errors.New("not permitted to load BPF programs (run as root, or grant CAP_BPF and CAP_PERFMON)")
-	ErrNoProcess  = errors.New("no such process")
-	ErrKernelTask = errors.New("is a kernel thread: it has no user space to trace")
 )
 
 // Tracer is one tracing session over one process (and, with FollowForks,
 // its children).
 type Tracer struct {
-	opts  Options
+	opts  source.Options
 	objs  hooktraceObjects
 	links []link.Link
 	rd    *ringbuf.Reader
 
 	mu        sync.Mutex // guards what Attach, the reader and the status line share
-	conv      *converter
+	conv      *source.Converter
 	lostSeen  uint64
 	allocator string
 	sites     []events.ProbeSite
@@ -96,7 +61,8 @@ type Tracer struct {
 	// What was read from the ring: records and bytes, for the bench's
 	// bandwidth figures.
 	ringRecords, ringBytes atomic.Uint64
-	stopped                bool // Run is stopping: tracing stays off
+	stopped                bool           // Run is stopping: tracing stays off
+	nowRec                 ringbuf.Record // ReadNow's buffer
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
@@ -109,11 +75,11 @@ func (t *Tracer) Allocator() string {
 
 // New loads the BPF objects and attaches the global tracepoints. Nothing is
 // traced until Attach names a process.
-func New(opts Options) (*Tracer, error) {
+func New(opts source.Options) (*Tracer, error) {
 	if opts.Mode == "" {
-		opts.Mode = ModeAggregate
+		opts.Mode = source.ModeAggregate
 	}
-	if opts.Mode != ModeAggregate && opts.Mode != ModeFull {
+	if opts.Mode != source.ModeAggregate && opts.Mode != source.ModeFull {
 		return nil, fmt.Errorf("unknown mode %q (aggregate or full)", opts.Mode)
 	}
 	if opts.Warn == nil {
@@ -132,7 +98,7 @@ func New(opts Options) (*Tracer, error) {
 		}
 		return nil
 	}
-	if err := set("full_mode", b2u(opts.Mode == ModeFull)); err != nil {
+	if err := set("full_mode", b2u(opts.Mode == source.ModeFull)); err != nil {
 		return nil, err
 	}
 	if err := set("follow_forks", b2u(opts.FollowForks)); err != nil {
@@ -173,7 +139,7 @@ func New(opts Options) (*Tracer, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the ring buffer: %w", err)
 	}
-	t.conv = newConverter(opts.Warn)
+	t.conv = source.NewConverter(opts.Warn)
 	return t, nil
 }
 
@@ -206,7 +172,7 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	t.attached[pid] = done
 	t.mu.Unlock()
 	defer close(done)
-	if err := checkProcess(pid); err != nil {
+	if err := source.CheckProcess(pid); err != nil {
 		return err
 	}
 	// A gated child is only traced from its exec: its own start-up is
@@ -243,7 +209,7 @@ func (t *Tracer) Exec(pid int) {
 	if err := t.place(pid, ""); err != nil {
 		t.opts.Warn(fmt.Sprintf("placing probes after pid %d's exec: %v", pid, err))
 	}
-	t.conv.refreshMaps(uint32(pid))
+	t.conv.RefreshMaps(uint32(pid))
 }
 
 // place plans and attaches pid's probe sites.
@@ -251,15 +217,15 @@ func (t *Tracer) place(pid int, exe string) error {
 	t.placeMu.Lock()
 	defer t.placeMu.Unlock()
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
-	plan, err := planSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
+	plan, err := source.PlanSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
 	if err != nil {
 		return err
 	}
-	alloc := findAllocator(plan)
-	t.conv.setAllocator(uint32(pid), alloc)
+	alloc := source.FindAllocator(plan)
+	t.conv.SetAllocator(uint32(pid), alloc)
 	t.mu.Lock()
 	if alloc != nil {
-		t.allocator = alloc.name
+		t.allocator = alloc.Name
 	}
 	t.mu.Unlock()
 	if t.placed == nil {
@@ -286,32 +252,6 @@ func (t *Tracer) Sites() []events.ProbeSite {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return slices.Clone(t.sites)
-}
-
-// checkProcess says why pid cannot be traced.
-func checkProcess(pid int) error {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
-	}
-	// Field 9 is the task's flags; PF_KTHREAD = 0x00200000. The comm may
-	// hold spaces: count fields after its closing parenthesis.
-	s := string(stat)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		f := strings.Fields(s[i+1:])
-		// A zombie keeps its stat but has no memory left to trace.
-		if len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
-			return fmt.Errorf("process %d has exited: %w", pid, ErrNoProcess)
-		}
-		var flags uint64
-		if len(f) > 6 {
-			fmt.Sscan(f[6], &flags)
-		}
-		if flags&0x00200000 != 0 {
-			return fmt.Errorf("pid %d %w", pid, ErrKernelTask)
-		}
-	}
-	return nil
 }
 
 // On turns the probes on. Run does it too; a caller that lets a gated
@@ -341,14 +281,14 @@ const pollInterval = 50 * time.Millisecond
 // Run reads the ring buffer and hands each record to emit until stop is
 // closed; then it closes the probes, drains what is left and returns.
 func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) error {
-	t.conv.emit = emit
+	t.conv.Emit = emit
 	if t.opts.FollowForks {
 		// The kernel already filters the child in; its uprobes are
 		// per-process and must be placed for it.
 		// Placing takes milliseconds: not on the reader, which would
 		// let the ring fill during a fork storm. Under run's ptrace gate
 		// the child is held until its probes are in place either way.
-		t.conv.onFork = func(pid uint32) {
+		t.conv.OnFork = func(pid uint32) {
 			t.follows.Add(1)
 			go func() {
 				defer t.follows.Done()
@@ -370,11 +310,7 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 		}
 		// Stop new events, then let the reader drain what is queued: after
 		// Flush, reads return what is in the ring, then ErrFlushed.
-		t.mu.Lock()
-		t.stopped = true
-		t.objs.TracingOn.Set(uint32(0))
-		t.mu.Unlock()
-		t.closeLinks()
+		t.Stop()
 		t.rd.Flush()
 	}()
 	defer close(done)
@@ -408,13 +344,43 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 		}
 		t.ringRecords.Add(1)
 		t.ringBytes.Add(uint64(len(rec.RawSample)))
-		if err := t.conv.raw(rec.RawSample); err != nil {
+		if err := t.conv.Raw(rec.RawSample); err != nil {
 			return err
 		}
 		if n%4096 == 0 {
 			if err := reportLost(); err != nil {
 				return err
 			}
+		}
+	}
+}
+
+// Stop turns tracing off for good and detaches the probes: what is in
+// the ring stays to be read.
+func (t *Tracer) Stop() {
+	t.mu.Lock()
+	t.stopped = true
+	t.objs.TracingOn.Set(uint32(0))
+	t.mu.Unlock()
+	t.closeLinks()
+}
+
+// ReadNow hands f each record the ring holds, without waiting and without
+// converting it, for a reader that merges them by time with another
+// source's records (the preload recorder, with the memory syscalls). f
+// must copy what it keeps.
+func (t *Tracer) ReadNow(f func(rec []byte) error) error {
+	t.rd.SetDeadline(time.Now())
+	for {
+		err := t.rd.ReadInto(&t.nowRec)
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, ringbuf.ErrFlushed) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the ring buffer: %w", err)
+		}
+		if err := f(t.nowRec.RawSample); err != nil {
+			return err
 		}
 	}
 }
@@ -453,7 +419,7 @@ func (t *Tracer) reportLost() error {
 	}
 	n := total - t.lostSeen
 	t.lostSeen = total
-	return t.conv.emitLost(n)
+	return t.conv.EmitLost(n)
 }
 
 // Lost is how many records the ring buffer had no room for.
@@ -492,11 +458,11 @@ func (t *Tracer) Calls() map[string]uint64 {
 
 // Seen counts the threads and lock addresses seen so far.
 func (t *Tracer) Seen() (threads, locks int64) {
-	return t.conv.nthreads.Load(), t.conv.nlocks.Load()
+	return t.conv.Seen()
 }
 
 // Events is the number of event records handed out so far.
-func (t *Tracer) Events() uint64 { return t.conv.events.Load() }
+func (t *Tracer) Events() uint64 { return t.conv.Events() }
 
 // closeLinks detaches every probe. Removing a uprobe waits for a grace
 // period (tens of milliseconds, more on a busy machine); one at a time,
@@ -530,5 +496,5 @@ func (t *Tracer) Close() error {
 // Exiting is called while pid is held at its exit, memory intact: the last
 // chance to read its mappings.
 func (t *Tracer) Exiting(pid int) {
-	t.conv.refreshMaps(uint32(pid))
+	t.conv.RefreshMaps(uint32(pid))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 )
 
@@ -28,7 +29,7 @@ func init() {
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // trace runs prog under the tracer and returns its records.
-func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Record, tr *tracer.Tracer) {
+func trace(t *testing.T, opts source.Options, argv ...string) (recs []events.Record, tr *tracer.Tracer) {
 	t.Helper()
 	var warnMu sync.Mutex
 	opts.Warn = func(s string) { warnMu.Lock(); t.Log("warning:", s); warnMu.Unlock() }
@@ -95,7 +96,7 @@ func trace(t *testing.T, opts tracer.Options, argv ...string) (recs []events.Rec
 func TestTracerSeesMallocsUnderLock(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "mallocs")
-	recs, tr := trace(t, tracer.Options{Mode: tracer.ModeFull}, prog)
+	recs, tr := trace(t, source.Options{Mode: source.ModeFull}, prog)
 	stacks := map[uint32]*events.Stack{}
 	n := 0
 	for _, r := range recs {

@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/source"
 )
 
 func newAttachCmd() *cobra.Command {
@@ -51,7 +51,7 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	if err != nil {
 		s.tr.Close()
 		if err == unix.ESRCH {
-			return fmt.Errorf("pid %d: %w", pid, tracer.ErrNoProcess)
+			return fmt.Errorf("pid %d: %w", pid, source.ErrNoProcess)
 		}
 		return fmt.Errorf("pid %d: %w", pid, err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/rcache"
 	"github.com/hooktrace/hooktrace/reports"
-	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/source"
 )
 
 // The names the demo's verdicts look for, as the analysis names them.
@@ -178,7 +178,7 @@ func traceDemoVariant(b *rcache.Built, variant string, f *demoFlags, scratch str
 	}
 	argv = append(argv, "--seconds", fmt.Sprint(secs))
 	tf := &traceFlags{
-		mode:     tracer.ModeAggregate,
+		mode:     source.ModeAggregate,
 		ringSize: fmt.Sprintf("%dM", ring),
 		format:   "json",
 		failOn:   "none",

@@ -373,18 +373,7 @@ func TestRecorderErrors(t *testing.T) {
 			}
 		})
 	}
-	// A static program cannot be preloaded: auto needs eBPF, which an
-	// ordinary user may not load.
-	static := filepath.Join(t.TempDir(), "static")
-	if out, err := exec.Command("gcc", "-static", "-O2", "-pthread", "-o", static, filepath.Join("..", "..", "testdata", "inversion.c")).CombinedOutput(); err != nil {
-		t.Fatalf("gcc -static: %v\n%s", err, out)
-	}
-	cmd := asNobody(t, static, hooktraceBin, "run", "--", static)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != exitPermission || !strings.Contains(string(out), "statically linked") {
-		t.Errorf("static target as nobody: %v, %q; want exit %d saying it is statically linked", err, out, exitPermission)
-	}
+	// What auto cannot preload: TestAutoNeedsEBPF.
 }
 
 // TestDemoUnprivileged: an ordinary user runs the demo and gets the same

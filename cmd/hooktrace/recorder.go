@@ -11,7 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/hooktrace/hooktrace/preload"
 	sess "github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -63,15 +65,25 @@ type errAutoEBPF struct{ why string }
 
 func (e errAutoEBPF) Error() string { return e.why }
 
-// unpreloadable says why the loader would not preload a library into
-// argv[0], or "".
-func unpreloadable(argv []string) string {
+// targetPath is the executable argv[0] names, "" when there is none (the
+// launch reports it).
+func targetPath(argv []string) string {
 	if len(argv) == 0 {
 		return ""
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return "" // the launch reports it
+		return ""
+	}
+	return path
+}
+
+// unpreloadable says why the loader would not preload a library into
+// argv[0], or "".
+func unpreloadable(argv []string) string {
+	path := targetPath(argv)
+	if path == "" {
+		return ""
 	}
 	if st, err := os.Stat(path); err == nil && st.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
 		return fmt.Sprintf("%s is setuid or setgid: the loader ignores LD_PRELOAD for it", path)
@@ -100,7 +112,7 @@ func unpreloadable(argv []string) string {
 // can be preloaded) is the preloaded library, plus, where eBPF is
 // permitted, the kernel's syscall tracepoint: it sees the memory syscalls
 // glibc makes inside free, which no interposition does.
-func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
+func newRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 	if f.recorder == recorderAuto {
 		f.recorder = recorderPreload
 		sysOpts := opts
@@ -109,7 +121,7 @@ func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 		if err != nil && !errors.Is(err, tracer.ErrPermission) {
 			return nil, err
 		}
-		p, perr := tracer.NewPreload(opts)
+		p, perr := preload.New(opts)
 		if perr != nil {
 			if sys != nil {
 				sys.Close()
@@ -122,7 +134,7 @@ func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 		return p, nil
 	}
 	if f.recorder == recorderPreload {
-		p, err := tracer.NewPreload(opts)
+		p, err := preload.New(opts)
 		if err != nil {
 			return nil, err
 		}
@@ -138,7 +150,7 @@ func newRecorder(f *traceFlags, opts tracer.Options) (recorder, error) {
 // recorderName is what the trace header says recorded it: ebpf, preload,
 // or preload+sys_enter (with the kernel's syscall tracepoint).
 func recorderName(r recorder) string {
-	if p, ok := r.(*tracer.Preload); ok {
+	if p, ok := r.(*preload.Preload); ok {
 		if p.Syscalls() {
 			return recorderPreload + "+sys_enter"
 		}
@@ -158,6 +170,18 @@ func resolveRecorder(f *traceFlags, argv []string) error {
 	if err != nil {
 		return err
 	}
+	if choice == recorderAuto {
+		// A function the shim cannot break on needs a uprobe.
+		probes, err := f.userProbes()
+		if err != nil {
+			return err
+		}
+		var entry *preload.EntryError
+		if len(probes) > 0 && errors.As(preload.CheckProbes(targetPath(argv), probes), &entry) {
+			f.autoWhy = entry.Reason() + ": the preload recorder cannot break on it"
+			choice = recorderEBPF
+		}
+	}
 	f.recorder = choice
 	return nil
 }
@@ -173,7 +197,7 @@ func explainRecorderError(f *traceFlags, err error) error {
 // hiddenObject is the library whose frames are the recorder's, not the
 // target's, if the recorder put one in the target.
 func hiddenObject(r recorder) string {
-	if p, ok := r.(*tracer.Preload); ok {
+	if p, ok := r.(*preload.Preload); ok {
 		return p.Library()
 	}
 	return ""

@@ -4,7 +4,6 @@ package main
 
 import (
 	"fmt"
-	"github.com/hooktrace/hooktrace/internal/proc"
 	"io"
 	"log/slog"
 	"os"
@@ -17,8 +16,9 @@ import (
 	"golang.org/x/term"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	sess "github.com/hooktrace/hooktrace/session"
-	"github.com/hooktrace/hooktrace/tracer"
+	"github.com/hooktrace/hooktrace/source"
 )
 
 // traceFlags are the flags run and attach share.
@@ -44,7 +44,7 @@ type traceFlags struct {
 func (f *traceFlags) register(c *cobra.Command) {
 	fl := c.Flags()
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file (.htr); %p, %h, %r, %t expand to the PID, host, MPI rank, start time")
-	fl.StringVar(&f.mode, "mode", tracer.ModeAggregate, "aggregate: send what the analysis needs and count the rest in the kernel; full: every call")
+	fl.StringVar(&f.mode, "mode", source.ModeAggregate, "aggregate: send what the analysis needs and count the rest in the kernel; full: every call")
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
 	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
@@ -92,8 +92,8 @@ type session struct {
 }
 
 func newSession(f *traceFlags) (*session, error) {
-	if f.mode != tracer.ModeAggregate && f.mode != tracer.ModeFull {
-		return nil, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, tracer.ModeAggregate, tracer.ModeFull)}
+	if f.mode != source.ModeAggregate && f.mode != source.ModeFull {
+		return nil, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, source.ModeAggregate, source.ModeFull)}
 	}
 	probes, err := f.userProbes()
 	if err != nil {
@@ -109,7 +109,7 @@ func newSession(f *traceFlags) (*session, error) {
 	if err != nil {
 		return nil, usageError{err}
 	}
-	tr, err := newRecorder(f, tracer.Options{
+	tr, err := newRecorder(f, source.Options{
 		Mode:        f.mode,
 		FollowForks: f.followForks,
 		RingBytes:   ring,
@@ -119,6 +119,9 @@ func newSession(f *traceFlags) (*session, error) {
 	})
 	if err != nil {
 		return nil, explainRecorderError(f, err)
+	}
+	if f.autoWhy != "" {
+		fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", f.autoWhy)
 	}
 	s := &session{flags: f, tr: tr}
 	s.header = events.Header{

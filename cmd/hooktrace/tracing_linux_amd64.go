@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/hooktrace/hooktrace/launch"
+	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -30,9 +31,9 @@ func tracerExitCode(err error) (int, bool) {
 	switch {
 	case errors.Is(err, tracer.ErrPermission):
 		return exitPermission, true
-	case errors.Is(err, tracer.ErrNoProcess):
+	case errors.Is(err, source.ErrNoProcess):
 		return exitNoProcess, true
-	case errors.Is(err, tracer.ErrKernelTask):
+	case errors.Is(err, source.ErrKernelTask):
 		return exitKernelTask, true
 	}
 	return 0, false

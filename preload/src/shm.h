@@ -1,5 +1,5 @@
 /* The shared-memory layout between the preloaded recorder (shim.c) and
- * hooktrace (../../tracer/preload.go, which mirrors these offsets; a test checks
+ * hooktrace (../recorder.go, which mirrors these offsets; a test checks
  * them against this header). One memfd: a header page, per-thread call
  * counters, then a ring of records. */
 #ifndef HOOKTRACE_SHM_H

@@ -36,7 +36,7 @@ const (
 
 var updateLibc = flag.Bool("update", false, "rewrite testdata/"+measuredLibc+" from this machine's libc (it must be build "+measuredLibcBuildID+")")
 
-// glibcSites are the functions the tracer probes (tracer/sites.go), with
+// glibcSites are the functions the tracer probes (source/sites.go), with
 // the integer arguments its handler reads, and the site Choose must pick in
 // Debian's glibc 2.36: its offset, whether the kernel emulates it, its
 // instruction, and a part of the note that says why.

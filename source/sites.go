@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package tracer
+package source
 
 import (
 	"fmt"
@@ -14,12 +14,12 @@ import (
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
-// probeFunc is a function hooktrace traces and how.
-type probeFunc struct {
-	name string
-	op   events.Op
-	args int  // integer arguments the handler reads
-	ret  bool // also a return probe: its result decides something
+// ProbeFunc is a function hooktrace traces and how.
+type ProbeFunc struct {
+	Name string
+	Op   events.Op
+	Args int  // integer arguments the handler reads
+	Ret  bool // also a return probe: its result decides something
 }
 
 // The return probe is placed only where the result matters: whether a try
@@ -27,74 +27,74 @@ type probeFunc struct {
 // function is named by its op (events.Op.String is the function's name), so
 // the op list in bpf/hooktrace.h, events.Op and this list cannot drift apart
 // (tracer/contract_test.go checks the first two).
-var probeFuncs = named([]probeFunc{
-	{op: events.OpMalloc, args: 1},
-	{op: events.OpCalloc, args: 2},
-	{op: events.OpRealloc, args: 2},
-	{op: events.OpFree, args: 1},
-	{op: events.OpPosixMemalign, args: 3},
-	{op: events.OpAlignedAlloc, args: 2},
-	{op: events.OpMemalign, args: 2},
-	{op: events.OpValloc, args: 1},
-	{op: events.OpPvalloc, args: 1},
-	{op: events.OpMutexLock, args: 1},
-	{op: events.OpMutexTrylock, args: 1, ret: true},
-	{op: events.OpMutexTimedlock, args: 1, ret: true},
-	{op: events.OpMutexClocklock, args: 1, ret: true},
-	{op: events.OpMutexUnlock, args: 1},
-	{op: events.OpMutexInit, args: 1},
-	{op: events.OpMutexDestroy, args: 1},
-	{op: events.OpRwlockRdlock, args: 1},
-	{op: events.OpRwlockWrlock, args: 1},
-	{op: events.OpRwlockTryrdlock, args: 1, ret: true},
-	{op: events.OpRwlockTrywrlock, args: 1, ret: true},
-	{op: events.OpRwlockTimedrdlock, args: 1, ret: true},
-	{op: events.OpRwlockTimedwrlock, args: 1, ret: true},
-	{op: events.OpRwlockClockrdlock, args: 1, ret: true},
-	{op: events.OpRwlockClockwrlock, args: 1, ret: true},
-	{op: events.OpRwlockUnlock, args: 1},
-	{op: events.OpSpinLock, args: 1},
-	{op: events.OpSpinTrylock, args: 1, ret: true},
-	{op: events.OpSpinUnlock, args: 1},
-	{op: events.OpCondWait, args: 2, ret: true},
-	{op: events.OpCondTimedwait, args: 2, ret: true},
-	{op: events.OpRwlockInit, args: 2},
-	{op: events.OpRwlockDestroy, args: 1},
-	{op: events.OpSpinInit, args: 1},
-	{op: events.OpSpinDestroy, args: 1},
+var ProbeFuncs = named([]ProbeFunc{
+	{Op: events.OpMalloc, Args: 1},
+	{Op: events.OpCalloc, Args: 2},
+	{Op: events.OpRealloc, Args: 2},
+	{Op: events.OpFree, Args: 1},
+	{Op: events.OpPosixMemalign, Args: 3},
+	{Op: events.OpAlignedAlloc, Args: 2},
+	{Op: events.OpMemalign, Args: 2},
+	{Op: events.OpValloc, Args: 1},
+	{Op: events.OpPvalloc, Args: 1},
+	{Op: events.OpMutexLock, Args: 1},
+	{Op: events.OpMutexTrylock, Args: 1, Ret: true},
+	{Op: events.OpMutexTimedlock, Args: 1, Ret: true},
+	{Op: events.OpMutexClocklock, Args: 1, Ret: true},
+	{Op: events.OpMutexUnlock, Args: 1},
+	{Op: events.OpMutexInit, Args: 1},
+	{Op: events.OpMutexDestroy, Args: 1},
+	{Op: events.OpRwlockRdlock, Args: 1},
+	{Op: events.OpRwlockWrlock, Args: 1},
+	{Op: events.OpRwlockTryrdlock, Args: 1, Ret: true},
+	{Op: events.OpRwlockTrywrlock, Args: 1, Ret: true},
+	{Op: events.OpRwlockTimedrdlock, Args: 1, Ret: true},
+	{Op: events.OpRwlockTimedwrlock, Args: 1, Ret: true},
+	{Op: events.OpRwlockClockrdlock, Args: 1, Ret: true},
+	{Op: events.OpRwlockClockwrlock, Args: 1, Ret: true},
+	{Op: events.OpRwlockUnlock, Args: 1},
+	{Op: events.OpSpinLock, Args: 1},
+	{Op: events.OpSpinTrylock, Args: 1, Ret: true},
+	{Op: events.OpSpinUnlock, Args: 1},
+	{Op: events.OpCondWait, Args: 2, Ret: true},
+	{Op: events.OpCondTimedwait, Args: 2, Ret: true},
+	{Op: events.OpRwlockInit, Args: 2},
+	{Op: events.OpRwlockDestroy, Args: 1},
+	{Op: events.OpSpinInit, Args: 1},
+	{Op: events.OpSpinDestroy, Args: 1},
 })
 
-func named(fs []probeFunc) []probeFunc {
+func named(fs []ProbeFunc) []ProbeFunc {
 	for i := range fs {
-		fs[i].name = fs[i].op.String()
+		fs[i].Name = fs[i].Op.String()
 	}
 	return fs
 }
 
 // site is one function in one object, ready to attach.
-type site struct {
-	fn     probeFunc
-	object string // path
-	obj    *symbolize.Object
+type Site struct {
+	Fn     ProbeFunc
+	Object string // path
+	Obj    *symbolize.Object
 	// file is the path to attach through: for an object pid maps, a
 	// handle on the mapped file (/proc/PID/map_files/...), since a uprobe
 	// goes on the file its path names when it is attached.
-	file    string
-	sym     symbolize.Symbol
-	userIdx int // for user probes: index into Header.UserProbes
+	File    string
+	Sym     symbolize.Symbol
+	UserIdx int // for user probes: index into Header.UserProbes
 	// alias is an init whose entry point is this unlock's address (glibc
 	// 2.36's pthread_spin_init is pthread_spin_unlock); OpNone for most.
-	alias  events.Op
-	code   []byte
-	choice placement.Site
-	live   uint64 // the function's runtime address, 0 when not mapped yet
+	Alias  events.Op
+	Code   []byte
+	Choice placement.Site
+	Live   uint64 // the function's runtime address, 0 when not mapped yet
 }
 
-// planSites finds, for each traced function, the object that really
+// PlanSites finds, for each traced function, the object that really
 // provides it to pid (the first definition in the loader's search order: a
 // preloaded or linked-in allocator wins over glibc's), and the offset to
 // probe at.
-func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]site, error) {
+func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]Site, error) {
 	// One read of the mappings serves the search order and every site's
 	// live address; a child not yet exec'd maps none of the target's.
 	maps, _ := symbolize.ReadMaps(pid)
@@ -134,15 +134,15 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 	if goTarget {
 		warn(fmt.Sprintf("%s is a Go program: no return probes are placed (they corrupt Go stacks), so try and timed lock results, cond_wait's retake and --probe exits are not traced", objs[0]))
 	}
-	var plan []site
+	var plan []Site
 	seen := map[string]int{} // object:address -> plan index, so aliases are probed once
-	for _, fn := range probeFuncs {
+	for _, fn := range ProbeFuncs {
 		for _, path := range objs {
 			o := open(path)
 			if o == nil {
 				continue
 			}
-			sym, err := o.Func(fn.name)
+			sym, err := o.Func(fn.Name)
 			if err != nil {
 				continue
 			}
@@ -151,11 +151,11 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 			switch {
 			case !dup:
 				seen[key] = len(plan)
-				plan = append(plan, site{fn: fn, object: path, obj: o, file: via[path], sym: sym, userIdx: -1})
-			case plan[i].fn.op.IsUnlock() && fn.op.IsLockInit():
-				plan[i].alias = fn.op
-			case plan[i].fn.op.IsLockInit() && fn.op.IsUnlock():
-				plan[i].alias, plan[i].fn = plan[i].fn.op, fn
+				plan = append(plan, Site{Fn: fn, Object: path, Obj: o, File: via[path], Sym: sym, UserIdx: -1})
+			case plan[i].Fn.Op.IsUnlock() && fn.Op.IsLockInit():
+				plan[i].Alias = fn.Op
+			case plan[i].Fn.Op.IsLockInit() && fn.Op.IsUnlock():
+				plan[i].Alias, plan[i].Fn = plan[i].Fn.Op, fn
 			}
 			break
 		}
@@ -178,8 +178,8 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 				}
 				continue
 			}
-			plan = append(plan, site{fn: probeFunc{name: name, op: events.OpProbeEnter, ret: true},
-				object: path, obj: o, file: via[path], sym: sym, userIdx: i})
+			plan = append(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
+				Object: path, Obj: o, File: via[path], Sym: sym, UserIdx: i})
 			found = true
 			break
 		}
@@ -189,18 +189,18 @@ func planSites(pid int, exe string, userProbes []string, warn func(string)) ([]s
 	}
 	for i := range plan {
 		s := &plan[i]
-		s.code, err = functionCode(s.obj, s.sym)
+		s.Code, err = functionCode(s.Obj, s.Sym)
 		if err != nil {
-			warn(fmt.Sprintf("reading %s in %s: %v", s.fn.name, s.object, err))
+			warn(fmt.Sprintf("reading %s in %s: %v", s.Fn.Name, s.Object, err))
 			continue
 		}
-		if s.userIdx < 0 {
-			s.choice = placement.Choose(s.code, s.fn.args)
+		if s.UserIdx < 0 {
+			s.Choice = placement.Choose(s.Code, s.Fn.Args)
 		}
 		if goTarget {
-			s.fn.ret = false
+			s.Fn.Ret = false
 		}
-		s.live = liveAddress(maps, s.object, s.sym.Offset)
+		s.Live = liveAddress(maps, s.Object, s.Sym.Offset)
 	}
 	return plan, nil
 }

@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package tracer
+package preload
 
 import (
 	"fmt"
@@ -35,7 +35,7 @@ int main(void) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "layout")
-	if out, err := exec.Command("gcc", "-I", "../preload/src", "-o", bin, src).CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-I", "src", "-o", bin, src).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	out, err := exec.Command(bin).Output()

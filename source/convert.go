@@ -1,11 +1,10 @@
 //go:build linux && amd64
 
-package tracer
+package source
 
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/hooktrace/hooktrace/internal/proc"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,30 +13,33 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
-// converter turns raw ring-buffer records into events.Records: it gives
+// Converter turns raw ring-buffer records into events.Records: it gives
 // each distinct stack a small ID and sends it (symbolized) before the first
 // event that uses it, and names threads and locks on first sight, while the
 // process is still there to ask.
-type converter struct {
+type Converter struct {
 	// mu guards procs and allocs: the reader looks processes up while the
 	// ptrace gate's goroutine places a new child's or image's probes
-	// (setAllocator) and takes an exiting process's last maps.
+	// (SetAllocator) and takes an exiting process's last maps.
 	mu sync.Mutex
 	// allocs is the allocator each process uses, as the probes placed
 	// for its current image found it.
-	allocs map[uint32]*allocRange
+	allocs map[uint32]*AllocRange
 	// Threads and lock addresses seen, for the live status line.
 	nthreads, nlocks atomic.Int64
-	emit             func(*events.Record) error
-	onFork           func(pid uint32) // a traced process forked a child to follow
-	unw              *unwinder
-	warn             func(string)
-	// hide is an object whose frames are not the target's (the preloaded
+	// Emit receives the records.
+	Emit func(*events.Record) error
+	// OnFork hears of a child a traced process forked, to follow.
+	OnFork func(pid uint32)
+	unw    *unwinder
+	warn   func(string)
+	// Hide is an object whose frames are not the target's (the preloaded
 	// recorder's interposers), dropped from unwound stacks.
-	hide   string
+	Hide   string
 	procs  map[uint32]*procState
 	events atomic.Uint64 // read by the status line
 	nextID uint32
@@ -86,14 +88,15 @@ func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
 	return pcs, true
 }
 
-func newConverter(warn func(string)) *converter {
-	return &converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*allocRange{}, unw: newUnwinder()}
+// NewConverter returns a converter that emits nothing until Emit is set.
+func NewConverter(warn func(string)) *Converter {
+	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*AllocRange{}, unw: newUnwinder()}
 }
 
-// setAllocator records which allocator pid uses, and starts watching pid
+// SetAllocator records which allocator pid uses, and starts watching pid
 // if it is new: from Attach on, its mappings are known even if it exits
 // before the reader sees its first event.
-func (c *converter) setAllocator(pid uint32, r *allocRange) {
+func (c *Converter) SetAllocator(pid uint32, r *AllocRange) {
 	c.mu.Lock()
 	c.allocs[pid] = r
 	c.mu.Unlock()
@@ -101,25 +104,25 @@ func (c *converter) setAllocator(pid uint32, r *allocRange) {
 }
 
 // allocator is the allocator pid uses, nil when unknown.
-func (c *converter) allocator(pid uint32) *allocRange {
+func (c *Converter) allocator(pid uint32) *AllocRange {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.allocs[pid]
 }
 
 // watch starts afresh on pid's address space.
-func (c *converter) watch(pid uint32) *procState {
+func (c *Converter) watch(pid uint32) *procState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.watchLocked(pid)
 }
 
-func (c *converter) watchLocked(pid uint32) *procState {
+func (c *Converter) watchLocked(pid uint32) *procState {
 	sym := symbolize.New(int(pid))
 	old, ok := c.procs[pid]
 	if ok {
 		// Gone already: the snapshot taken at its exec or exit stop (see
-		// refreshMaps) is all there is.
+		// RefreshMaps) is all there is.
 		if len(sym.Maps()) == 0 {
 			sym = old.sym
 		}
@@ -128,7 +131,7 @@ func (c *converter) watchLocked(pid uint32) *procState {
 }
 
 // start records a fresh procState for pid.
-func (c *converter) start(pid uint32, sym *symbolize.Symbolizer) *procState {
+func (c *Converter) start(pid uint32, sym *symbolize.Symbolizer) *procState {
 	p := &procState{
 		sym:     sym,
 		stacks:  map[uint64]uint32{},
@@ -140,12 +143,12 @@ func (c *converter) start(pid uint32, sym *symbolize.Symbolizer) *procState {
 	return p
 }
 
-// refreshMaps reads pid's mappings while pid is held at its exec or exit
+// RefreshMaps reads pid's mappings while pid is held at its exec or exit
 // (run's ptrace stops), with its memory intact: the reader may be far
 // behind, and a short-lived process gone, mappings and all, by the time
 // its stacks are symbolized. It runs on another goroutine than the
 // converter: it only touches the symbolizer, which locks.
-func (c *converter) refreshMaps(pid uint32) {
+func (c *Converter) RefreshMaps(pid uint32) {
 	c.mu.Lock()
 	p := c.procs[pid]
 	c.mu.Unlock()
@@ -154,8 +157,20 @@ func (c *converter) refreshMaps(pid uint32) {
 	}
 }
 
+// Track watches pid from now on, if it is new: its mappings are known
+// even if it exits before its first record is read.
+func (c *Converter) Track(pid uint32) { c.proc(pid) }
+
+// Seen counts the threads and lock addresses seen so far.
+func (c *Converter) Seen() (threads, locks int64) {
+	return c.nthreads.Load(), c.nlocks.Load()
+}
+
+// Events is the number of event records handed out so far.
+func (c *Converter) Events() uint64 { return c.events.Load() }
+
 // proc returns pid's state, watching it from now on if it is new.
-func (c *converter) proc(pid uint32) *procState {
+func (c *Converter) proc(pid uint32) *procState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p, ok := c.procs[pid]; ok {
@@ -167,7 +182,7 @@ func (c *converter) proc(pid uint32) *procState {
 // child starts watching a forked child with its parent's allocator,
 // unless the gate's placement got there first. It says whether the child
 // is new.
-func (c *converter) child(pid uint32, parent *procState, alloc *allocRange) bool {
+func (c *Converter) child(pid uint32, parent *procState, alloc *AllocRange) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.procs[pid]; ok {
@@ -181,20 +196,25 @@ func (c *converter) child(pid uint32, parent *procState, alloc *allocRange) bool
 }
 
 var (
-	sizeEvent = int(unsafe.Sizeof(hooktraceEvent{}))
+	// SizeEvent is an event record's size, for a reader that looks at
+	// records before converting them (the preload recorder's merge by
+	// time).
+	SizeEvent = int(unsafe.Sizeof(hooktraceEvent{}))
 	sizeStack = int(unsafe.Sizeof(hooktraceStack{}))
 	// A sample record is sent at its used length: the header and Len
 	// bytes of Data.
 	sampleHeader = int(unsafe.Offsetof(hooktraceSample{}.Data))
 )
 
-func (c *converter) raw(b []byte) error {
+// Raw converts one record as the BPF ring or the preload recorder's ring
+// holds it, and emits what it gives.
+func (c *Converter) Raw(b []byte) error {
 	if len(b) < 4 {
 		return fmt.Errorf("ring buffer record of %d bytes", len(b))
 	}
 	switch binary.LittleEndian.Uint32(b) {
 	case uint32(hooktraceRecTypeREC_EVENT):
-		if len(b) < sizeEvent {
+		if len(b) < SizeEvent {
 			return fmt.Errorf("short event record: %d bytes", len(b))
 		}
 		return c.event((*hooktraceEvent)(unsafe.Pointer(&b[0])))
@@ -215,7 +235,7 @@ func (c *converter) raw(b []byte) error {
 	return fmt.Errorf("unknown ring buffer record type %d", binary.LittleEndian.Uint32(b))
 }
 
-func (c *converter) event(r *hooktraceEvent) error {
+func (c *Converter) event(r *hooktraceEvent) error {
 	p := c.proc(r.Pid)
 	op := events.Op(r.Op)
 	if op == events.OpExec {
@@ -248,8 +268,8 @@ func (c *converter) event(r *hooktraceEvent) error {
 	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
 		if c.child(uint32(r.Addr), p, c.allocator(r.Pid)) {
-			if c.onFork != nil {
-				c.onFork(uint32(r.Addr))
+			if c.OnFork != nil {
+				c.OnFork(uint32(r.Addr))
 			}
 		}
 	}
@@ -295,10 +315,10 @@ func (c *converter) event(r *hooktraceEvent) error {
 		Ret:   r.Ret,
 		Stack: stack,
 	}}
-	return c.emit(&c.rec)
+	return c.Emit(&c.rec)
 }
 
-func (c *converter) stack(r *hooktraceStack) error {
+func (c *Converter) stack(r *hooktraceStack) error {
 	p := c.proc(r.Pid)
 	if _, ok := p.stacks[r.Hash]; ok {
 		return nil // sent before the kernel's LRU forgot it
@@ -311,18 +331,18 @@ func (c *converter) stack(r *hooktraceStack) error {
 	return err
 }
 
-func (c *converter) sample(r *hooktraceSample, data []byte) error {
+func (c *Converter) sample(r *hooktraceSample, data []byte) error {
 	p := c.proc(r.Pid)
 	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, data)
-	if c.hide != "" {
-		pcs, complete = maps.DropObject(pcs, complete, c.hide)
+	if c.Hide != "" {
+		pcs, complete = maps.DropObject(pcs, complete, c.Hide)
 	}
 	var s sampleInfo
 	if alloc := c.allocator(r.Pid); alloc != nil {
 		inside := false
 		for _, pc := range pcs[min(1, len(pcs)):] {
-			if alloc.contains(p.sym, pc) {
+			if alloc.Contains(p.sym, pc) {
 				inside = true
 				break
 			}
@@ -373,7 +393,7 @@ func (c *sampleCache) put(id uint64, s sampleInfo) {
 }
 
 // sendStack emits frames as a new stack unless the same frames were sent.
-func (c *converter) sendStack(p *procState, frames []events.Frame, truncated bool) (uint32, error) {
+func (c *Converter) sendStack(p *procState, frames []events.Frame, truncated bool) (uint32, error) {
 	var key strings.Builder
 	for _, f := range frames {
 		fmt.Fprintf(&key, "%x,", f.Addr)
@@ -391,13 +411,14 @@ func (c *converter) sendStack(p *procState, frames []events.Frame, truncated boo
 		ID: id, Frames: frames, Truncated: truncated}})
 }
 
-func (c *converter) emitLost(n uint64) error {
+// EmitLost emits a Lost record for n records the source had no room for.
+func (c *Converter) EmitLost(n uint64) error {
 	return c.send(&events.Record{Kind: events.RecLost, Lost: events.Lost{Time: proc.Now(), Count: n}})
 }
 
-func (c *converter) send(r *events.Record) error {
-	if c.emit == nil {
+func (c *Converter) send(r *events.Record) error {
+	if c.Emit == nil {
 		return nil
 	}
-	return c.emit(r)
+	return c.Emit(r)
 }

@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package tracer
+package source
 
 import (
 	"github.com/hooktrace/hooktrace/tracer/symbolize"

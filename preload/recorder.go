@@ -1,15 +1,13 @@
 //go:build linux && amd64
 
-package tracer
+package preload
 
 import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"github.com/hooktrace/hooktrace/internal/proc"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,14 +16,14 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/preload"
+	"github.com/hooktrace/hooktrace/internal/proc"
+	"github.com/hooktrace/hooktrace/source"
 )
 
-// The shared-memory layout of ../preload/shm.h (TestShmLayout checks these
+// The shared-memory layout of src/shm.h (TestShmLayout checks these
 // against the header with the C compiler).
 const (
 	shmMagic      = 0x314d48534b4f4f48
@@ -58,19 +56,19 @@ const (
 const shimFD = 4
 
 // Preload is the user-space recorder: hooktrace preloads a small library
-// (../preload) into the target, which records its allocator, lock and
+// (src/shim.c) into the target, which records its allocator, lock and
 // thread calls into a ring in shared memory, in the BPF ring's record
 // layout. It needs no privileges and no kernel trap per call; what it
 // cannot see is a call that does not go through the PLT (inside one
 // object) and the system calls themselves.
 type Preload struct {
-	opts      Options
+	opts      source.Options
 	memfd     *os.File
 	mem       []byte
 	ring      []byte
 	dir       string // holds the library written out for the loader
 	shim      string
-	conv      *converter
+	conv      *source.Converter
 	allocator string
 	lostSeen  uint64
 	tail      uint64
@@ -78,8 +76,7 @@ type Preload struct {
 
 	// sys, when set, is a BPF tracer with only its tracepoints: the memory
 	// syscalls glibc makes inside free, which no interposition sees.
-	sys      *Tracer
-	sysRec   ringbuf.Record
+	sys      Syscalls
 	sysGroup [][]byte     // stack records waiting for their event
 	sysQueue []sysPending // read, not yet merged into the stream
 }
@@ -91,24 +88,38 @@ type sysPending struct {
 	recs [][]byte
 }
 
-// AddSyscalls adds the kernel's view of the memory syscalls: t must be
-// opened with SyscallsOnly. Its events are merged by time into this
-// recorder's stream; its thread and exec events are the shim's already.
-func (p *Preload) AddSyscalls(t *Tracer) {
-	p.sys = t
-	t.conv = p.conv
+// Syscalls is the kernel's view of the memory syscalls: a BPF tracer
+// (tracer.Tracer) opened with SyscallsOnly. Its records are in the shim's
+// layout, and this recorder converts them with its own: one converter
+// numbers the stacks and watches the processes of both.
+type Syscalls interface {
+	Attach(pid int, exe string) error
+	On() error
+	// Stop turns the tracepoints off; what they recorded stays to read.
+	Stop()
+	// ReadNow hands over the records there are, without waiting.
+	ReadNow(f func(rec []byte) error) error
+	Sites() []events.ProbeSite
+	Lost() uint64
+	Calls() map[string]uint64
+	Close() error
 }
+
+// AddSyscalls adds the kernel's view of the memory syscalls. Its events
+// are merged by time into this recorder's stream; its thread and exec
+// events are the shim's already.
+func (p *Preload) AddSyscalls(s Syscalls) { p.sys = s }
 
 // Syscalls says whether the kernel's syscall tracepoint is added.
 func (p *Preload) Syscalls() bool { return p.sys != nil }
 
-// NewPreload prepares the shared memory and the library. The ring's size
+// New prepares the shared memory and the library. The ring's size
 // is opts.RingBytes.
-func NewPreload(opts Options) (*Preload, error) {
+func New(opts source.Options) (*Preload, error) {
 	if opts.Mode == "" {
-		opts.Mode = ModeAggregate
+		opts.Mode = source.ModeAggregate
 	}
-	if opts.Mode != ModeAggregate && opts.Mode != ModeFull {
+	if opts.Mode != source.ModeAggregate && opts.Mode != source.ModeFull {
 		return nil, fmt.Errorf("unknown mode %q (aggregate or full)", opts.Mode)
 	}
 	if opts.Warn == nil {
@@ -142,7 +153,7 @@ func NewPreload(opts Options) (*Preload, error) {
 	}
 	p.ring = p.mem[shmHeader:]
 	var flags uint32
-	if opts.Mode == ModeFull {
+	if opts.Mode == source.ModeFull {
 		flags |= shmFFull
 	}
 	if opts.FollowForks {
@@ -162,8 +173,8 @@ func NewPreload(opts Options) (*Preload, error) {
 		p.Close()
 		return nil, err
 	}
-	p.conv = newConverter(opts.Warn)
-	p.conv.hide = p.shim
+	p.conv = source.NewConverter(opts.Warn)
+	p.conv.Hide = p.shim
 	return p, nil
 }
 
@@ -175,11 +186,11 @@ func (p *Preload) writeShim() error {
 		return fmt.Errorf("making a directory for the preloaded library: %w", err)
 	}
 	p.dir = dir
-	sum := sha256.Sum256(preload.Shim)
+	sum := sha256.Sum256(Shim)
 	// The name carries the content: a stack symbolized later names the
 	// library that ran.
 	p.shim = filepath.Join(dir, "libhooktrace_preload-"+hex.EncodeToString(sum[:6])+".so")
-	if err := os.WriteFile(p.shim, preload.Shim, 0o500); err != nil {
+	if err := os.WriteFile(p.shim, Shim, 0o500); err != nil {
 		return fmt.Errorf("writing the preloaded library: %w", err)
 	}
 	return nil
@@ -213,7 +224,7 @@ func (p *Preload) Files() []*os.File { return []*os.File{p.memfd} }
 // Attach names the traced process: a gated child, before it execs. Only
 // it (and with FollowForks its children) records.
 func (p *Preload) Attach(pid int, exe string) error {
-	if err := checkProcess(pid); err != nil {
+	if err := source.CheckProcess(pid); err != nil {
 		return err
 	}
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&p.mem[shmOffTraced])), uint32(pid))
@@ -224,20 +235,20 @@ func (p *Preload) Attach(pid int, exe string) error {
 	}
 	// Watch its mappings from now on: a short-lived target may be gone
 	// before its first record is read.
-	p.conv.proc(uint32(pid))
+	p.conv.Track(uint32(pid))
 	if exe != "" {
 		// Which allocator the target will use, for the header: the
 		// shim forwards to it and knows exactly when a call is inside
 		// it, so the converter needs no address range.
-		plan, err := planSites(pid, exe, p.opts.UserProbes, func(string) {})
+		plan, err := source.PlanSites(pid, exe, p.opts.UserProbes, func(string) {})
 		if err != nil {
 			if len(p.opts.UserProbes) > 0 {
 				return err
 			}
 			return nil
 		}
-		if a := findAllocator(plan); a != nil {
-			p.allocator = a.name
+		if a := source.FindAllocator(plan); a != nil {
+			p.allocator = a.Name
 		}
 		// And where the user's probes go.
 		return p.writeProbes(plan, exe)
@@ -258,7 +269,7 @@ func (p *Preload) On() error {
 func (p *Preload) Exec(pid int) {}
 
 // Exiting takes the last snapshot of pid's mappings, held at its exit.
-func (p *Preload) Exiting(pid int) { p.conv.refreshMaps(uint32(pid)) }
+func (p *Preload) Exiting(pid int) { p.conv.RefreshMaps(uint32(pid)) }
 
 // Library is the path of the library the target preloads.
 func (p *Preload) Library() string { return p.shim }
@@ -272,8 +283,8 @@ func (p *Preload) Recorder() string { return "preload" }
 // Sites lists what the shim interposes.
 func (p *Preload) Sites() []events.ProbeSite {
 	var out []events.ProbeSite
-	for _, f := range probeFuncs {
-		out = append(out, events.ProbeSite{Name: f.name, Object: "libhooktrace_preload.so", Kind: "preload"})
+	for _, f := range source.ProbeFuncs {
+		out = append(out, events.ProbeSite{Name: f.Name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
 		"fork"} {
@@ -288,14 +299,13 @@ func (p *Preload) Sites() []events.ProbeSite {
 // Run reads the ring and hands each record to emit until stop is closed
 // and the ring is drained.
 func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) error {
-	p.conv.emit = emit
+	p.conv.Emit = emit
 	stopped := false
 	idle := time.Millisecond
 	lostTick := time.Now()
 	for {
 		if stopped && p.sys != nil {
-			p.sys.objs.TracingOn.Set(uint32(0))
-			p.sys.closeLinks()
+			p.sys.Stop()
 		}
 		if err := p.readSys(); err != nil {
 			return err
@@ -365,14 +375,14 @@ func (p *Preload) drain(final bool) (int, error) {
 		}
 		if kind == shmKindData {
 			body := hdr[shmRecHdr : shmRecHdr+ln]
-			if len(body) >= sizeEvent && binary.LittleEndian.Uint32(body) == recEvent {
+			if len(body) >= source.SizeEvent && binary.LittleEndian.Uint32(body) == recEvent {
 				// The kernel's syscall events that happened before
 				// this one go first.
 				if err := p.flushSys(binary.LittleEndian.Uint64(body[16:])); err != nil {
 					return n, err
 				}
 			}
-			if err := p.conv.raw(body); err != nil {
+			if err := p.conv.Raw(body); err != nil {
 				return n, err
 			}
 			n++
@@ -394,30 +404,22 @@ func (p *Preload) readSys() error {
 	if p.sys == nil {
 		return nil
 	}
-	p.sys.rd.SetDeadline(time.Now())
-	for {
-		err := p.sys.rd.ReadInto(&p.sysRec)
-		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, ringbuf.ErrFlushed) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading the ring buffer: %w", err)
-		}
-		b := p.sysRec.RawSample
+	return p.sys.ReadNow(func(b []byte) error {
 		rec := append([]byte(nil), b...)
-		if len(b) < sizeEvent || binary.LittleEndian.Uint32(b) != recEvent {
+		if len(b) < source.SizeEvent || binary.LittleEndian.Uint32(b) != recEvent {
 			p.sysGroup = append(p.sysGroup, rec)
-			continue
+			return nil
 		}
 		switch events.Op(binary.LittleEndian.Uint16(b[4:])) {
 		case events.OpExec, events.OpThreadCreate, events.OpThreadExit:
 			// The shim reports these, from inside the process.
 			p.sysGroup = p.sysGroup[:0]
-			continue
+			return nil
 		}
 		p.sysQueue = append(p.sysQueue, sysPending{time: binary.LittleEndian.Uint64(b[16:]), recs: append(p.sysGroup, rec)})
 		p.sysGroup = nil
-	}
+		return nil
+	})
 }
 
 // flushSys converts the queued syscall events up to time upTo.
@@ -430,7 +432,7 @@ func (p *Preload) flushSys(upTo uint64) error {
 	i := 0
 	for ; i < len(p.sysQueue) && p.sysQueue[i].time <= upTo; i++ {
 		for _, r := range p.sysQueue[i].recs {
-			if err := p.conv.raw(r); err != nil {
+			if err := p.conv.Raw(r); err != nil {
 				return err
 			}
 		}
@@ -446,7 +448,7 @@ func (p *Preload) reportLost() error {
 	}
 	n := total - p.lostSeen
 	p.lostSeen = total
-	return p.conv.emitLost(n)
+	return p.conv.EmitLost(n)
 }
 
 // Lost is how many records the shim had no room for, plus any a killed
@@ -489,11 +491,11 @@ func (p *Preload) Calls() map[string]uint64 {
 
 // Seen counts the threads and lock addresses seen so far.
 func (p *Preload) Seen() (threads, locks int64) {
-	return p.conv.nthreads.Load(), p.conv.nlocks.Load()
+	return p.conv.Seen()
 }
 
 // Events is the number of event records handed out so far.
-func (p *Preload) Events() uint64 { return p.conv.events.Load() }
+func (p *Preload) Events() uint64 { return p.conv.Events() }
 
 // Close releases the shared memory and removes the library.
 func (p *Preload) Close() error {
@@ -508,7 +510,6 @@ func (p *Preload) Close() error {
 		os.RemoveAll(p.dir)
 	}
 	if p.sys != nil {
-		p.sys.conv = nil // the shared converter is closed above
 		p.sys.Close()
 	}
 	return nil
