@@ -107,26 +107,33 @@ var rankLine = regexp.MustCompile(`(?m)^rank (\d+): (\d+) round trips, (?:(\d+) 
 
 // checkJob checks the job's own output: each of its ranks printed one
 // result, each pair played the same number of round trips, each even rank
-// found every payload right, and every rank churned.
-func checkJob(t *testing.T, out string, ranks int) {
+// found every payload right, and every rank churned. It returns each
+// rank's round trips.
+func checkJob(t *testing.T, out string, ranks int) map[int]int {
 	t.Helper()
-	type result struct{ rounds, bad, churns string }
+	type result struct{ rounds, bad, churns int }
 	got := map[int]result{}
 	for _, m := range rankLine.FindAllStringSubmatch(out, -1) {
-		var r int
+		var r, rounds, bad, churns int
 		fmt.Sscan(m[1], &r)
-		got[r] = result{m[2], m[3], m[4]}
+		fmt.Sscan(m[2], &rounds)
+		fmt.Sscan(m[3], &bad)
+		fmt.Sscan(m[4], &churns)
+		got[r] = result{rounds, bad, churns}
 	}
 	if len(got) != ranks {
 		t.Fatalf("the job did not print its %d ranks' results:\n%s", ranks, out)
 	}
+	rounds := map[int]int{}
 	for r := 0; r < ranks; r += 2 {
 		lead, peer := got[r], got[r+1]
-		if lead.rounds != peer.rounds || lead.rounds == "0" || lead.bad != "0" || lead.churns == "0" || peer.churns == "0" {
+		if lead.rounds != peer.rounds || lead.rounds == 0 || lead.bad != 0 || lead.churns == 0 || peer.churns == 0 {
 			t.Errorf("the job went wrong: ranks %d and %d: %+v, %+v", r, r+1, lead, peer)
 		}
+		rounds[r], rounds[r+1] = lead.rounds, peer.rounds
 	}
 	t.Logf("job: %s", strings.Join(rankLine.FindAllString(out, -1), "; "))
+	return rounds
 }
 
 // checkMPIReport checks one rank's report: the memory syscalls the hooks
@@ -367,11 +374,13 @@ func mpiRun(t *testing.T, mpirun string, mca []string, prog string, check func(*
 // user in each configuration, every rank under hooktrace run with the
 // recorder auto picks without privileges, the preloaded library:
 //
-//	mpirun -n 4 <mca> hooktrace run --recorder auto -o DIR/trace-%r.htr -- pingpong 1
+//	mpirun -n 4 <mca> hooktrace run --recorder auto --probe MPI_Send -o DIR/trace-%r.htr -- pingpong 1
 //
 // The job must print what it prints untraced; each rank must leave a
 // complete trace from the preload recorder that counts its allocator and
-// lock calls; analyze, as that user too, of the four traces merged must
+// lock calls, and each of its MPI_Send calls (in libmpi.so.40.30.4, which
+// the loader knows as libmpi.so.40); analyze, as that user too, of the
+// four traces merged must
 // find no error that the job's finishing contradicts. Without the syscall
 // tracepoint the recorder does not see free's own munmap and madvise
 // (glibc makes them inside libc, past any PLT), but it sees what a
@@ -403,9 +412,9 @@ func TestMPIUnprivileged(t *testing.T) {
 			}
 			untraced := job(prog, "1")
 			checkJob(t, untraced, ranks)
-			traced := job(hooktraceBin, "run", "--recorder", "auto", "--fail-on", "none",
+			traced := job(hooktraceBin, "run", "--recorder", "auto", "--fail-on", "none", "--probe", "MPI_Send",
 				"-o", filepath.Join(dir, "trace-%r.htr"), "--report", filepath.Join(dir, "rank-%r.json"), "--", prog, "1")
-			checkJob(t, traced, ranks)
+			rounds := checkJob(t, traced, ranks)
 			if a, b := jobShape(untraced), jobShape(traced); a != b {
 				t.Errorf("traced, the job printed\n%s\nuntraced\n%s", b, a)
 			}
@@ -427,6 +436,11 @@ func TestMPIUnprivileged(t *testing.T) {
 				if c["exec"] != 1 || c["malloc"] == 0 || c["free"] == 0 || c["pthread_mutex_lock"] == 0 ||
 					c["pthread_mutex_lock"] != c["pthread_mutex_unlock"] {
 					t.Errorf("%s: calls %v: want the rank's one exec, its mallocs and frees, balanced mutex locks", what, c)
+				}
+				// One send a round trip, and the last one's, which ends
+				// the play.
+				if want := uint64(rounds[r] + 1); c["probe_enter"] != want || c["probe_exit"] != want {
+					t.Errorf("%s: MPI_Send entered %d times, left %d times; want %d", what, c["probe_enter"], c["probe_exit"], want)
 				}
 				checkMPIFindings(t, what, rep)
 				checkHook(t, what, rep, cfg.hookLock, cfg.hookPath)
