@@ -371,6 +371,9 @@ func TestRecorderErrors(t *testing.T) {
 		// progress_user is a tail call: its first instruction is a jump,
 		// which would not do the same from a displaced copy.
 		{"probe not displaceable", []string{"run", "--recorder", "preload", "--probe", "progress_user", "--", testenv.Program(t, "progress")}, exitFailure, "transfers control; use --recorder ebpf"},
+		// The breakpoint cannot reach its handler: the kernel kills the
+		// target with SIGTRAP (128+5), and run says why.
+		{"probe with signals blocked", []string{"run", "--recorder", "preload", "--probe", "release_hook", "--", testenv.Program(t, "sigblocked")}, 133, "fatal in code that runs with signals blocked"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, stderr, code := hooktrace(t, nil, c.args...)
