@@ -10,8 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hooktrace/hooktrace/internal/testenv"
 )
@@ -61,14 +63,23 @@ type mpiReport struct {
 		Calls       map[string]uint64 `json:"calls"`
 		ExitStatus  *int              `json:"exit_status"`
 		TraceChecks map[string]uint64 `json:"trace_checks"`
+		Traces      []struct {
+			Source     string `json:"source"`
+			Recorder   string `json:"recorder"`
+			Events     uint64 `json:"events"`
+			LostEvents uint64 `json:"lost_events"`
+			Complete   bool   `json:"complete"`
+			ExitStatus *int   `json:"exit_status"`
+		} `json:"traces"`
 	} `json:"stats"`
 	Findings []struct {
-		Kind     string   `json:"kind"`
-		Severity string   `json:"severity"`
-		Title    string   `json:"title"`
-		Detail   string   `json:"detail"`
-		Locks    []string `json:"locks"`
-		Edges    []struct {
+		Kind        string   `json:"kind"`
+		Severity    string   `json:"severity"`
+		Title       string   `json:"title"`
+		Detail      string   `json:"detail"`
+		Locks       []string `json:"locks"`
+		Occurrences int      `json:"occurrences"`
+		Edges       []struct {
 			Context string `json:"context"`
 			Arena   string `json:"arena"`
 			Stack   []struct {
@@ -90,27 +101,53 @@ func mpiEnv() []string {
 	return append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 }
 
-var (
-	rank0Line = regexp.MustCompile(`(?m)^rank 0: (\d+) round trips, (\d+) bad values, (\d+) churns$`)
-	rank1Line = regexp.MustCompile(`(?m)^rank 1: (\d+) round trips, (\d+) churns$`)
-)
+// rankLine is one rank's result: an even rank checks the payloads, so it
+// also counts bad values.
+var rankLine = regexp.MustCompile(`(?m)^rank (\d+): (\d+) round trips, (?:(\d+) bad values, )?(\d+) churns$`)
 
-// checkJob checks the job's own output: both ranks played the same number
-// of round trips, rank 0 found every payload right, and both churned.
-func checkJob(t *testing.T, out string) {
+// checkJob checks the job's own output: each of its ranks printed one
+// result, each pair played the same number of round trips, each even rank
+// found every payload right, and every rank churned. It returns each
+// rank's round trips.
+func checkJob(t *testing.T, out string, ranks int) map[int]int {
 	t.Helper()
-	r0, r1 := rank0Line.FindStringSubmatch(out), rank1Line.FindStringSubmatch(out)
-	if r0 == nil || r1 == nil {
-		t.Fatalf("the job did not print both ranks' results:\n%s", out)
+	type result struct{ rounds, bad, churns int }
+	got := map[int]result{}
+	for _, m := range rankLine.FindAllStringSubmatch(out, -1) {
+		var r, rounds, bad, churns int
+		fmt.Sscan(m[1], &r)
+		fmt.Sscan(m[2], &rounds)
+		fmt.Sscan(m[3], &bad)
+		fmt.Sscan(m[4], &churns)
+		got[r] = result{rounds, bad, churns}
 	}
-	if r0[1] != r1[1] || r0[1] == "0" || r0[2] != "0" || r0[3] == "0" || r1[2] == "0" {
-		t.Errorf("the job went wrong: %q, %q", r0[0], r1[0])
+	if len(got) != ranks {
+		t.Fatalf("the job did not print its %d ranks' results:\n%s", ranks, out)
 	}
-	t.Logf("job: %s; %s", r0[0], r1[0])
+	rounds := map[int]int{}
+	for r := 0; r < ranks; r += 2 {
+		lead, peer := got[r], got[r+1]
+		if lead.rounds != peer.rounds || lead.rounds == 0 || lead.bad != 0 || lead.churns == 0 || peer.churns == 0 {
+			t.Errorf("the job went wrong: ranks %d and %d: %+v, %+v", r, r+1, lead, peer)
+		}
+		rounds[r], rounds[r+1] = lead.rounds, peer.rounds
+	}
+	t.Logf("job: %s", strings.Join(rankLine.FindAllString(out, -1), "; "))
+	return rounds
 }
 
 // checkMPIReport checks one rank's report: the memory syscalls the hooks
 // see were counted, and no error contradicts a job that finished.
+func checkMPIReport(t *testing.T, what string, rep *mpiReport) {
+	t.Helper()
+	checkMPIFindings(t, what, rep)
+	if c := rep.Stats.Calls; c["madvise"] == 0 || c["munmap"] == 0 || c["free"] == 0 {
+		t.Errorf("%s: the frees' madvise and munmap calls were not seen: %v", what, c)
+	}
+}
+
+// checkMPIFindings logs the counts and checks that no error contradicts a
+// job that finished:
 //   - A self-deadlock on a non-recursive lock would have hung it: one seen
 //     in a trace is a trace inconsistency (a warning), never an error.
 //   - Open MPI's release hooks do not allocate, nor take a lock their
@@ -123,15 +160,12 @@ func checkJob(t *testing.T, out string) {
 // Lock-order cycles are hazards a finished job does not contradict (here,
 // libfabric's lock and the dynamic loader's, taken in both orders by
 // dlopen and dlclose on one thread): they are logged.
-func checkMPIReport(t *testing.T, what string, rep *mpiReport) {
+func checkMPIFindings(t *testing.T, what string, rep *mpiReport) {
 	t.Helper()
 	c := rep.Stats.Calls
-	t.Logf("%s: %d events, %d lost; madvise=%d munmap=%d mmap=%d brk=%d free=%d malloc=%d mutex_lock=%d spin_lock=%d spin_unlock=%d; trace checks %v",
+	t.Logf("%s: %d events, %d lost; madvise=%d munmap=%d mmap=%d brk=%d free=%d malloc=%d mutex_lock=%d rwlock_rdlock=%d spin_lock=%d spin_unlock=%d; trace checks %v",
 		what, rep.Stats.Events, rep.Stats.LostEvents, c["madvise"], c["munmap"], c["mmap"], c["brk"], c["free"], c["malloc"],
-		c["pthread_mutex_lock"], c["pthread_spin_lock"]+c["pthread_spin_trylock"], c["pthread_spin_unlock"], rep.Stats.TraceChecks)
-	if c["madvise"] == 0 || c["munmap"] == 0 || c["free"] == 0 {
-		t.Errorf("%s: the frees' madvise and munmap calls were not seen: %v", what, c)
-	}
+		c["pthread_mutex_lock"], c["pthread_rwlock_rdlock"], c["pthread_spin_lock"]+c["pthread_spin_trylock"], c["pthread_spin_unlock"], rep.Stats.TraceChecks)
 	count := map[string]int{}
 	for _, f := range rep.Findings {
 		count[f.Severity+" "+f.Kind]++
@@ -279,7 +313,7 @@ func mpiAttach(t *testing.T, mpirun string, mca []string, prog string, check fun
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("the job after attach: %v\n%s%s", err, seen.String(), stderr.String())
 	}
-	checkJob(t, seen.String())
+	checkJob(t, seen.String(), 2)
 	if code != 0 {
 		t.Fatalf("attach exit %d\n%s", code, stderrA)
 	}
@@ -315,7 +349,7 @@ func mpiRun(t *testing.T, mpirun string, mca []string, prog string, check func(*
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("mpirun: %v\n%s%s", err, stdout.String(), stderr.String())
 	}
-	checkJob(t, stdout.String())
+	checkJob(t, stdout.String(), 2)
 	for _, r := range []string{"0", "1"} {
 		data, err := os.ReadFile(filepath.Join(dir, "rank-"+r+".json"))
 		if err != nil {
@@ -332,6 +366,127 @@ func mpiRun(t *testing.T, mpirun string, mca []string, prog string, check func(*
 		check(t, "run rank "+r, rep)
 		if _, err := os.Stat(filepath.Join(dir, "trace-"+r+".htr")); err != nil {
 			t.Errorf("rank %s: %v", r, err)
+		}
+	}
+}
+
+// TestMPIUnprivileged runs the ping-pong job on 4 ranks as an ordinary
+// user in each configuration, every rank under hooktrace run with the
+// recorder auto picks without privileges, the preloaded library:
+//
+//	mpirun -n 4 <mca> hooktrace run --recorder auto --probe MPI_Send -o DIR/trace-%r.htr -- pingpong 1
+//
+// The job must print what it prints untraced; each rank must leave a
+// complete trace from the preload recorder that counts its allocator and
+// lock calls, and each of its MPI_Send calls (in libmpi.so.40.30.4, which
+// the loader knows as libmpi.so.40); analyze, as that user too, of the
+// four traces merged must
+// find no error that the job's finishing contradicts. Without the syscall
+// tracepoint the recorder does not see free's own munmap and madvise
+// (glibc makes them inside libc, past any PLT), but it sees what a
+// runtime's release hook, patched into them, does there: UCX's spinlock
+// and libfabric's locks, taken inside free with the arena held, as the
+// eBPF recorder does.
+func TestMPIUnprivileged(t *testing.T) {
+	mpirun := testenv.Tool(t, "apt-get install -y openmpi-bin libopenmpi-dev libucx0", "mpirun")
+	prog := testenv.C{Compiler: "mpicc", Source: filepath.Join("testdata", "mpi_pingpong.c")}.Build(t)
+	const ranks = 4
+	for _, cfg := range mpiConfigs {
+		t.Run(cfg.name, func(t *testing.T) {
+			dir := nobodyDir(t)
+			job := func(argv ...string) string {
+				t.Helper()
+				args := append([]string{mpirun, "--oversubscribe", "-n", fmt.Sprint(ranks)}, cfg.mca...)
+				cmd := asNobody(t, prog, append(args, argv...)...)
+				// mpirun keeps its session directory in TMPDIR and
+				// reads settings from HOME: both must be the user's.
+				cmd.Env = append(os.Environ(), "HOME="+dir, "TMPDIR="+dir)
+				var stdout, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				start := time.Now()
+				if err := cmd.Run(); err != nil {
+					t.Fatalf("mpirun %v: %v\n%s%s", argv, err, stdout.String(), stderr.String())
+				}
+				t.Logf("%s: %.1f s", filepath.Base(argv[0]), time.Since(start).Seconds())
+				return stdout.String()
+			}
+			untraced := job(prog, "1")
+			checkJob(t, untraced, ranks)
+			traced := job(hooktraceBin, "run", "--recorder", "auto", "--fail-on", "none", "--probe", "MPI_Send",
+				"-o", filepath.Join(dir, "trace-%r.htr"), "--report", filepath.Join(dir, "rank-%r.json"), "--", prog, "1")
+			rounds := checkJob(t, traced, ranks)
+			if a, b := jobShape(untraced), jobShape(traced); a != b {
+				t.Errorf("traced, the job printed\n%s\nuntraced\n%s", b, a)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "hooktrace-*")); len(left) != 0 {
+				t.Errorf("left behind in TMPDIR: %v", left)
+			}
+
+			traces := make([]string, ranks)
+			for r := range traces {
+				what := fmt.Sprintf("rank %d", r)
+				traces[r] = filepath.Join(dir, fmt.Sprintf("trace-%d.htr", r))
+				data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%d.json", r)))
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				rep := readMPIReport(t, data, what)
+				checkPreloadTraces(t, what, rep, 1)
+				c := rep.Stats.Calls
+				if c["exec"] != 1 || c["malloc"] == 0 || c["free"] == 0 || c["pthread_mutex_lock"] == 0 ||
+					c["pthread_mutex_lock"] != c["pthread_mutex_unlock"] {
+					t.Errorf("%s: calls %v: want the rank's one exec, its mallocs and frees, balanced mutex locks", what, c)
+				}
+				// One send a round trip, and the last one's, which ends
+				// the play.
+				if want := uint64(rounds[r] + 1); c["probe_enter"] != want || c["probe_exit"] != want {
+					t.Errorf("%s: MPI_Send entered %d times, left %d times; want %d", what, c["probe_enter"], c["probe_exit"], want)
+				}
+				checkMPIFindings(t, what, rep)
+				checkHook(t, what, rep, cfg.hookLock, cfg.hookPath)
+			}
+
+			cmd := asNobody(t, prog, append([]string{hooktraceBin, "analyze", "--format", "json", "--fail-on", "none"}, traces...)...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("analyze of the merged ranks: %v\n%s", err, stderr.String())
+			}
+			rep := readMPIReport(t, out, "merged")
+			checkPreloadTraces(t, "merged", rep, ranks)
+			checkMPIFindings(t, "merged", rep)
+			checkHook(t, "merged", rep, cfg.hookLock, cfg.hookPath)
+			for _, f := range rep.Findings {
+				if cfg.hookLock != "" && f.Kind == "hook-lock" && strings.Contains(strings.Join(f.Locks, " "), cfg.hookLock) &&
+					strings.HasSuffix(f.Title, "inside free") && f.Occurrences != ranks {
+					t.Errorf("merged: %q seen in %d ranks, want all %d", f.Title, f.Occurrences, ranks)
+				}
+			}
+		})
+	}
+}
+
+// jobShape is the job's output with the numbers taken out, in order: what
+// a job prints, whoever runs it and however fast.
+func jobShape(out string) string {
+	lines := strings.Split(strings.TrimSpace(regexp.MustCompile(`\d+`).ReplaceAllString(out, "N")), "\n")
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+// checkPreloadTraces checks that a report covers n traces, each recorded
+// by the preloaded library, complete, nothing lost, its rank exiting 0.
+func checkPreloadTraces(t *testing.T, what string, rep *mpiReport, n int) {
+	t.Helper()
+	checkNoLoss(t, what, rep)
+	if len(rep.Stats.Traces) != n {
+		t.Fatalf("%s: %d traces, want %d", what, len(rep.Stats.Traces), n)
+	}
+	for _, tr := range rep.Stats.Traces {
+		if tr.Recorder != "preload" || !tr.Complete || tr.LostEvents != 0 || tr.ExitStatus == nil || *tr.ExitStatus != 0 {
+			t.Errorf("%s: trace %s: recorder %q, complete %v, %d lost, exit status %v; want preload, complete, 0, 0",
+				what, tr.Source, tr.Recorder, tr.Complete, tr.LostEvents, tr.ExitStatus)
 		}
 	}
 }

@@ -33,15 +33,21 @@ func asNobody(t *testing.T, prog string, argv ...string) *exec.Cmd {
 	return exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups"}, argv...)...)
 }
 
-// nobodyReport is a path an ordinary user can write a JSON report to (run's
-// stdout is the target's), and a reader of it.
-func nobodyReport(t *testing.T) (path string, read func() string) {
+// nobodyDir is a temporary directory user nobody can write to.
+func nobodyDir(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
 		os.Chmod(d, 0o777)
 	}
-	path = filepath.Join(dir, "report.json")
+	return dir
+}
+
+// nobodyReport is a path an ordinary user can write a JSON report to (run's
+// stdout is the target's), and a reader of it.
+func nobodyReport(t *testing.T) (path string, read func() string) {
+	t.Helper()
+	path = filepath.Join(nobodyDir(t), "report.json")
 	return path, func() string {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -365,6 +371,9 @@ func TestRecorderErrors(t *testing.T) {
 		// progress_user is a tail call: its first instruction is a jump,
 		// which would not do the same from a displaced copy.
 		{"probe not displaceable", []string{"run", "--recorder", "preload", "--probe", "progress_user", "--", testenv.Program(t, "progress")}, exitFailure, "transfers control; use --recorder ebpf"},
+		// The breakpoint cannot reach its handler: the kernel kills the
+		// target with SIGTRAP (128+5), and run says why.
+		{"probe with signals blocked", []string{"run", "--recorder", "preload", "--probe", "release_hook", "--", testenv.Program(t, "sigblocked")}, 133, "fatal in code that runs with signals blocked"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, stderr, code := hooktrace(t, nil, c.args...)

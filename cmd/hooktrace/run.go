@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -209,6 +210,12 @@ func (s *session) runStatus(foot *events.Footer, gateErr error) error {
 	code, why := targetFailure(foot, s.flags.rep.exitCode())
 	if code == 0 {
 		return gateErr
+	}
+	if foot.ExitSignal == "SIGTRAP" && strings.HasPrefix(s.header.Recorder, recorderPreload) && len(s.header.UserProbes) > 0 {
+		// The kernel kills a process whose breakpoint traps with
+		// SIGTRAP blocked; glibc blocks every signal while a thread
+		// exits, and then calls madvise, where runtimes hook.
+		why += "; a --probe breakpoint of the preload recorder is fatal in code that runs with signals blocked (a memory hook, which a thread's exit calls so); probe it with --recorder ebpf"
 	}
 	return &exitError{code: code, err: fmt.Errorf("%s (--ignore-target-status for the findings' verdict alone)", why)}
 }

@@ -12,6 +12,7 @@
  * shim) are forwarded unrecorded. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
 #include <link.h>
 #include <signal.h>
 #include <ucontext.h>
@@ -1490,13 +1491,24 @@ static const char *base_name(const char *p)
 	return b;
 }
 
+/* The loader names a library by the path it opened, mostly its soname's
+ * link (libopen-pal.so.40); hooktrace names the file that holds the code
+ * (libopen-pal.so.40.30.2): either is the object. */
+static int object_named(const char *name, const char *want)
+{
+	char real[PATH_MAX];
+	if (strcmp(base_name(name), want) == 0)
+		return 1;
+	return realpath(name, real) && strcmp(base_name(real), want) == 0;
+}
+
 static int find_object(struct dl_phdr_info *info, size_t size, void *data)
 {
 	struct probe_search *ps = data;
 	const char *name = info->dlpi_name ? info->dlpi_name : "";
 	int is_exe = name[0] == 0 && !ps->addr;
 	if ((ps->want->object[0] == 0 && is_exe) ||
-	    (ps->want->object[0] && name[0] && strcmp(base_name(name), ps->want->object) == 0)) {
+	    (ps->want->object[0] && name[0] && object_named(name, ps->want->object))) {
 		ps->addr = info->dlpi_addr + ps->want->vaddr;
 		return 1;
 	}

@@ -1,6 +1,7 @@
-/* A real MPI job for the end-to-end Open MPI test: two ranks play
- * ping-pong, each checking what comes back, while an extra thread per rank
- * mallocs and frees blocks whose free makes glibc unmap or madvise memory.
+/* A real MPI job for the end-to-end Open MPI tests: ranks play ping-pong
+ * in pairs (0 with 1, 2 with 3, ...), the even one checking what comes
+ * back, while an extra thread per rank mallocs and frees blocks whose free
+ * makes glibc unmap or madvise memory.
  * Open MPI and UCX patch libc's munmap and madvise so that their memory
  * hooks see those calls (to drop registrations of unmapped memory), so the
  * hooks run inside free, some with the thread's arena lock held:
@@ -11,10 +12,10 @@
  *     threshold: free → _int_free → heap_trim → shrink_heap → madvise, with
  *     that arena's lock held.
  *
- * Rank 0 plays until a line arrives on its stdin (mpirun forwards its own
- * stdin to rank 0), or for the number of seconds given as argv[1], and at
- * most 30 s. It prints its PID first, for a test to attach to it. Each rank
- * prints one line of results; rank 0 checks every payload. */
+ * Each even rank plays for the number of seconds given as argv[1], at most
+ * 30 s; rank 0 also stops when a line arrives on its stdin (mpirun forwards
+ * its own stdin to rank 0). Rank 0 prints its PID first, for a test to
+ * attach to it. Each rank prints one line of results. */
 #include <malloc.h>
 #include <mpi.h>
 #include <pthread.h>
@@ -79,9 +80,9 @@ int main(int argc, char **argv)
 	mallopt(M_TRIM_THRESHOLD, 128 * 1024);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &size);
-	if (size != 2) {
+	if (size % 2 != 0) {
 		if (rank == 0)
-			fprintf(stderr, "run with 2 ranks, not %d\n", size);
+			fprintf(stderr, "run with an even number of ranks, not %d\n", size);
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	}
 	if (rank == 0) {
@@ -96,26 +97,27 @@ int main(int argc, char **argv)
 
 	int *buf = malloc(PAYLOAD * sizeof(int));
 	long rounds = 0, bad = 0;
+	int peer = rank ^ 1, leader = rank % 2 == 0;
 	double end = MPI_Wtime() + seconds;
 	for (;;) {
-		/* The first int says whether to go on: rank 0 decides. */
-		if (rank == 0) {
+		/* The first int says whether to go on: the leader decides. */
+		if (leader) {
 			int go = !atomic_load(&stop) && MPI_Wtime() < end;
 			buf[0] = go;
 			for (int i = 1; i < PAYLOAD; i++)
 				buf[i] = (int)(rounds + i);
-			MPI_Send(buf, PAYLOAD, MPI_INT, 1, 0, MPI_COMM_WORLD);
-			MPI_Recv(buf, PAYLOAD, MPI_INT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			MPI_Send(buf, PAYLOAD, MPI_INT, peer, 0, MPI_COMM_WORLD);
+			MPI_Recv(buf, PAYLOAD, MPI_INT, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 			for (int i = 1; i < PAYLOAD; i++)
 				if (buf[i] != (int)(rounds + i) + 1)
 					bad++;
 			if (!go)
 				break;
 		} else {
-			MPI_Recv(buf, PAYLOAD, MPI_INT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			MPI_Recv(buf, PAYLOAD, MPI_INT, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 			for (int i = 1; i < PAYLOAD; i++)
 				buf[i]++;
-			MPI_Send(buf, PAYLOAD, MPI_INT, 0, 0, MPI_COMM_WORLD);
+			MPI_Send(buf, PAYLOAD, MPI_INT, peer, 0, MPI_COMM_WORLD);
 			if (!buf[0])
 				break;
 		}
@@ -125,10 +127,10 @@ int main(int argc, char **argv)
 	pthread_join(churner, NULL);
 	free(buf);
 
-	if (rank == 0)
-		printf("rank 0: %ld round trips, %ld bad values, %ld churns\n", rounds, bad, atomic_load(&churned));
+	if (leader)
+		printf("rank %d: %ld round trips, %ld bad values, %ld churns\n", rank, rounds, bad, atomic_load(&churned));
 	else
-		printf("rank 1: %ld round trips, %ld churns\n", rounds, atomic_load(&churned));
+		printf("rank %d: %ld round trips, %ld churns\n", rank, rounds, atomic_load(&churned));
 	fflush(stdout);
 	MPI_Finalize();
 	/* The stdin waiter may still block in fgets: exit ends it. */
