@@ -91,6 +91,8 @@ type jsonReport struct {
 		ExitStatus *int              `json:"exit_status"`
 		ExitSignal string            `json:"exit_signal"`
 		Calls      map[string]uint64 `json:"calls"`
+		// TraceChecks counts what contradicts the rest of the trace.
+		TraceChecks map[string]uint64 `json:"trace_checks"`
 	} `json:"stats"`
 	Findings []json.RawMessage `json:"findings"`
 }

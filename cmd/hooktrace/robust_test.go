@@ -16,7 +16,9 @@ import (
 )
 
 // TestFollowForks: a child process's lock inversion is seen only with
-// --follow-forks; its probes are placed before it runs.
+// --follow-forks: its probes are placed before it runs, or, preloaded, it
+// keeps writing to the shared memory it inherits (without the flag it
+// records nothing).
 func TestFollowForks(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "forker")
@@ -30,8 +32,8 @@ func TestFollowForks(t *testing.T) {
 }
 
 // TestExecMidTrace: the target execs another program; the trace goes on
-// in the new image (same PID) and finds its inversion, named after the new
-// image's symbols.
+// in the new image (same PID; preloaded again by the loader) and finds its
+// inversion, named after the new image's symbols.
 func TestExecMidTrace(t *testing.T) {
 	testenv.RequireBPF(t)
 	execer, inversion := testenv.Program(t, "execer"), testenv.Program(t, "inversion")
@@ -181,21 +183,27 @@ func TestCxxProbe(t *testing.T) {
 }
 
 // TestConstructorsAndStatic: locks taken in a constructor, before main,
-// are traced (run starts at the first instruction), in a dynamic binary
-// and in a static one whose allocator and pthreads are in the executable.
+// are traced (run starts at the first instruction; the preloaded library's
+// own constructor runs before the program's), in a dynamic binary under
+// both recorders, and in a static one whose allocator and pthreads are in
+// the executable, under eBPF alone: no loader can preload a library into
+// it.
 func TestConstructorsAndStatic(t *testing.T) {
 	testenv.RequireBPF(t)
-	for _, static := range []bool{false, true} {
-		name := "ctor"
+	for _, c := range []struct {
+		name, recorder string
+		static         bool
+	}{{"ctor", "ebpf", false}, {"ctor", "preload", false}, {"ctor_static", "ebpf", true}} {
 		var extra []string
-		if static {
-			name, extra = "ctor_static", []string{"-static"}
+		if c.static {
+			extra = []string{"-static"}
 		}
-		t.Run(name, func(t *testing.T) {
+		name := c.name
+		t.Run(name+" "+c.recorder, func(t *testing.T) {
 			prog := testenv.C{Source: filepath.Join("..", "..", "testdata", "ctor.c"), Name: name,
 				Flags: append(slices.Clone(testenv.CFlags), extra...)}.Build(t)
 			trace := filepath.Join(t.TempDir(), "c.htr")
-			if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--", prog); code != 0 {
+			if _, stderr, code := hooktrace(t, nil, "run", "--recorder", c.recorder, "--mode", "full", "-o", trace, "--", prog); code != 0 {
 				t.Fatalf("exit %d\n%s", code, stderr)
 			}
 			r, err := events.Open(trace)
@@ -231,6 +239,9 @@ func TestConstructorsAndStatic(t *testing.T) {
 						mallocInCtor++
 					}
 				}
+			}
+			if h := r.Header(); h == nil || h.Recorder != c.recorder {
+				t.Errorf("header: %+v, want recorder %s", h, c.recorder)
 			}
 			if locks != 3 || inCtor != 2 || mallocInCtor != 1 {
 				t.Errorf("early_lock taken %d times (%d in the constructor), malloc(4321) under it in the constructor %d times; want 3, 2, 1", locks, inCtor, mallocInCtor)
