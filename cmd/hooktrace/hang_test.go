@@ -162,7 +162,8 @@ func catchDeadlock(t *testing.T, prog, recorder string) string {
 }
 
 // TestAttachDetachesFromDeadlock: attach's default on a hang is to report
-// and detach; the target is left as it was, still there.
+// and detach; the target is left as it was, still there. eBPF alone, as
+// attach is.
 func TestAttachDetachesFromDeadlock(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "deadlock")

@@ -91,7 +91,8 @@ func TestDamagedTraces(t *testing.T) {
 
 // TestGoTarget: a Go program gets no return probes (they corrupt Go
 // stacks), is told so, and runs to its right answer. One without cgo has
-// no pthread lock to trace: run refuses it, exit 3, before it runs.
+// no pthread lock to trace: run refuses it, exit 3, before it runs. eBPF
+// alone: a Go program calls no libc a preloaded library could interpose.
 func TestGoTarget(t *testing.T) {
 	testenv.RequireBPF(t)
 	dir := t.TempDir()
@@ -292,7 +293,9 @@ func traceJemalloc(t *testing.T, recorder string) {
 
 // TestLostEventsReported: a ring buffer too small for the event rate drops
 // records; the drops are counted, stored in the footer, and every report
-// says the analysis is incomplete rather than clean.
+// says the analysis is incomplete rather than clean. eBPF alone: the
+// preload recorder's writers wait for the reader instead of dropping
+// (TestPreloadRingFull).
 func TestLostEventsReported(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "mallocs")
