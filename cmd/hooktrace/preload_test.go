@@ -13,9 +13,10 @@ import (
 	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
-// The preload recorder's tests: the same programs as the eBPF tests, traced
-// by the preloaded library, unprivileged where the point is that no
-// privilege is needed, and checked against the eBPF recorder's verdicts.
+// The preload recorder's own tests: what it alone promises (no privilege,
+// a ring that waits instead of dropping, a SIGKILLed target's records, the
+// user's own LD_PRELOAD, the target's behaviour). The findings tests run
+// every program under both recorders and compare them (traceRuns).
 
 // asNobody returns argv run as user nobody when this test runs as root (an
 // unprivileged user already is one), with prog made reachable.
