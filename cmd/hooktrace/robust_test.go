@@ -153,13 +153,20 @@ func TestGoTarget(t *testing.T) {
 }
 
 // TestCxxProbe: --probe takes a demangled C++ name; every call of it is
-// traced at entry and exit, with the demangled name in the stack.
+// traced at entry and exit, with the demangled name in the stack, under
+// both recorders (a uprobe, or the preloaded library's breakpoint).
 func TestCxxProbe(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.C{Compiler: "g++", Source: filepath.Join("..", "..", "testdata", "cxx.cc"),
 		Flags: []string{"-O2", "-g", "-fno-omit-frame-pointer"}}.Build(t)
+	for _, recorder := range recorders {
+		t.Run(recorder, func(t *testing.T) { traceCxxProbe(t, prog, recorder) })
+	}
+}
+
+func traceCxxProbe(t *testing.T, prog, recorder string) {
 	trace := filepath.Join(t.TempDir(), "c.htr")
-	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--probe", "rc::Cache::insert", "--", prog); code != 0 {
+	if _, stderr, code := hooktrace(t, nil, "run", "--recorder", recorder, "--mode", "full", "-o", trace, "--probe", "rc::Cache::insert", "--", prog); code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
 	evs, stacks, r := readTrace(t, trace)
