@@ -34,6 +34,7 @@ type demoFlags struct {
 	hangTimeout time.Duration
 	traceDir    string
 	cacheDir    string
+	recorder    string
 }
 
 func newDemoCmd() *cobra.Command {
@@ -64,6 +65,7 @@ Exit status 0 when both verdicts are as expected, 1 otherwise.`,
 	fl.DurationVar(&f.hangTimeout, "hang-timeout", 2*time.Second, "hang detection's timeout")
 	fl.StringVar(&f.traceDir, "trace-dir", "", "keep the traces there (legacy.htr, fixed.htr) for hooktrace analyze")
 	fl.StringVar(&f.cacheDir, "cache-dir", "", "where the compiled cache is kept (default: the user's cache directory)")
+	registerRecorder(c, &f.recorder)
 	return c
 }
 
@@ -183,6 +185,7 @@ func traceDemoVariant(b *rcache.Built, variant string, f *demoFlags, scratch str
 		format:   "json",
 		failOn:   "none",
 		hang:     hangFlags{timeout: f.hangTimeout, onHang: "kill"},
+		recorder: f.recorder,
 	}
 	if f.traceDir != "" {
 		tf.output = filepath.Join(f.traceDir, variant+".htr")

@@ -91,6 +91,8 @@ type jsonReport struct {
 		ExitStatus *int              `json:"exit_status"`
 		ExitSignal string            `json:"exit_signal"`
 		Calls      map[string]uint64 `json:"calls"`
+		// TraceChecks counts what contradicts the rest of the trace.
+		TraceChecks map[string]uint64 `json:"trace_checks"`
 	} `json:"stats"`
 	Findings []json.RawMessage `json:"findings"`
 }
@@ -157,17 +159,20 @@ func stackString(s *events.Stack) string {
 }
 
 // TestRunCountsEveryMalloc: 4 threads make 2,500 malloc(777) calls each
-// under a lock. Both modes count every call; full mode sends each as an
-// event, on a worker thread, with the caller in the stack. The aggregate
-// mode sends the pattern (lock, malloc under it, from worker_alloc) once
-// and counts its repeats in the kernel, as lockdep's chain cache does.
+// under a lock. Both recorders in both modes count every call; full mode
+// sends each as an event, on a worker thread, with the caller in the
+// stack. The aggregate mode sends the pattern (lock, malloc under it, from
+// worker_alloc) once and counts its repeats where it is recorded, as
+// lockdep's chain cache does.
 func TestRunCountsEveryMalloc(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "mallocs")
-	for _, mode := range []string{"full", "aggregate"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, run := range []traced{{recorder: "ebpf", mode: "full"}, {recorder: "ebpf", mode: "aggregate"},
+		{recorder: "preload", mode: "full"}, {recorder: "preload", mode: "aggregate"}} {
+		mode := run.mode
+		t.Run(run.String(), func(t *testing.T) {
 			trace := filepath.Join(t.TempDir(), "m.htr")
-			stdout, _, stderr, code := runJSON(t, "--mode", mode, "-o", trace, "--", prog)
+			stdout, _, stderr, code := runJSON(t, "--recorder", run.recorder, "--mode", mode, "-o", trace, "--", prog)
 			// The program exits 3: so does run.
 			if code != 3 || !strings.Contains(stderr, "the target exited with status 3") {
 				t.Fatalf("exit %d, want the target's 3\n%s", code, stderr)
@@ -182,17 +187,12 @@ func TestRunCountsEveryMalloc(t *testing.T) {
 			if len(tids) != 4 {
 				t.Fatalf("want 4 worker TIDs from the target, got %v\n%s", tids, stderr)
 			}
-			rep := parseReport(t, stdout)
-			if rep.Stats.LostEvents != 0 || !rep.Stats.Complete {
-				t.Errorf("lost %d events, complete=%v", rep.Stats.LostEvents, rep.Stats.Complete)
-			}
+			run.rep = parseReport(t, stdout)
 			// The program's only malloc calls are these (glibc's own
 			// start-up allocations use calloc and the loader's allocator).
-			if n := rep.Stats.Calls["malloc"]; n != 10000 {
+			checkCalls(t, run, map[string]uint64{"malloc": 10000, "pthread_mutex_lock": 10000, "pthread_mutex_unlock": 10000, "thread_create": 4})
+			if n := run.rep.Stats.Calls["malloc"]; n != 10000 {
 				t.Errorf("calls.malloc = %d, want 10000", n)
-			}
-			if n := rep.Stats.Calls["pthread_mutex_lock"]; n < 10000 {
-				t.Errorf("calls.pthread_mutex_lock = %d, want at least 10000", n)
 			}
 			evs, stacks, r := readTrace(t, trace)
 			if f := r.Footer(); f == nil || f.ExitStatus == nil || *f.ExitStatus != 3 {
@@ -236,6 +236,8 @@ func TestRunCountsEveryMalloc(t *testing.T) {
 
 // TestAttachLeavesTargetRight attaches to a program that checks its own
 // arithmetic, detaches, and the program must still give the right answer.
+// eBPF alone: attach has no other recorder (nothing can be preloaded into
+// a running process).
 func TestAttachLeavesTargetRight(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "arith")

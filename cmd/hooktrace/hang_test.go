@@ -93,14 +93,27 @@ func checkDeadlockFinding(t *testing.T, fs []analyzer.Finding) *analyzer.Finding
 }
 
 // TestRunCatchesRealDeadlock: a target that deadlocks for good must not
-// hang run: hang detection reports the deadlock, kills the target, and the
-// trace explains it offline just as live.
+// hang run: under either recorder, hang detection reports the deadlock
+// (the same finding), kills the target, and the trace explains it offline
+// just as live.
 func TestRunCatchesRealDeadlock(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "deadlock")
+	ids := map[string]string{}
+	for _, recorder := range recorders {
+		t.Run(recorder, func(t *testing.T) { ids[recorder] = catchDeadlock(t, prog, recorder) })
+	}
+	if ids["ebpf"] != "" && ids["preload"] != "" && ids["ebpf"] != ids["preload"] {
+		t.Errorf("the recorders disagree: ebpf %s, preload %s", ids["ebpf"], ids["preload"])
+	}
+}
+
+// catchDeadlock runs the deadlocking prog under recorder, checks what hang
+// detection did, and returns the deadlock finding's ID.
+func catchDeadlock(t *testing.T, prog, recorder string) string {
 	trace := filepath.Join(t.TempDir(), "t.htr")
 	start := time.Now()
-	stdout, _, stderr, code := runJSON(t, "--hang-timeout", "2s", "-o", trace, "--", prog)
+	stdout, _, stderr, code := runJSON(t, "--recorder", recorder, "--hang-timeout", "2s", "-o", trace, "--", prog)
 	took := time.Since(start)
 	// Killed by hooktrace with SIGKILL: the status of a target so killed.
 	if code != 128+9 || !strings.Contains(stderr, "the target deadlocked and was killed by SIGKILL: exit status 137") {
@@ -145,10 +158,12 @@ func TestRunCatchesRealDeadlock(t *testing.T) {
 	if offline.ID != live.ID || offline.Title != live.Title {
 		t.Errorf("offline finding %s %q differs from live %s %q", offline.ID, offline.Title, live.ID, live.Title)
 	}
+	return live.ID
 }
 
 // TestAttachDetachesFromDeadlock: attach's default on a hang is to report
-// and detach; the target is left as it was, still there.
+// and detach; the target is left as it was, still there. eBPF alone, as
+// attach is.
 func TestAttachDetachesFromDeadlock(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "deadlock")

@@ -368,6 +368,7 @@ func TestStopRun(t *testing.T) {
 // TestAttachErrors: attaching to a process that has exited (a zombie not
 // yet reaped) is exit 5 saying so; a --probe that the target lacks is exit
 // 7, before it runs, even when hooktrace's own binary has the symbol.
+// eBPF alone, as attach is.
 func TestAttachErrors(t *testing.T) {
 	testenv.RequireBPF(t)
 	life := testenv.Program(t, "lifecycle")

@@ -15,8 +15,8 @@ import (
 // TestStrippedLibraryNames: locks and frames in a stripped library, with
 // no symbol to name them, are named by their place in the library,
 // "libx.so+0x113d" as TSan and perf write it: the same in every run
-// (addresses are randomized), inside the function the unstripped copy
-// says, and with the same finding ID.
+// (addresses are randomized) under either recorder, inside the function
+// the unstripped copy says, and with the same finding ID.
 func TestStrippedLibraryNames(t *testing.T) {
 	testenv.RequireBPF(t)
 	dir := t.TempDir()
@@ -56,21 +56,22 @@ func TestStrippedLibraryNames(t *testing.T) {
 		return ""
 	}
 	place := regexp.MustCompile(`^mutex first taken at libx\.so\+0x([0-9a-f]+)$`)
+	// Four runs: both recorders, both modes, each its own address space.
 	var first *finding
-	for run := 0; run < 2; run++ {
-		fs := ofKind(traceFindings(t, nil, prog), "lock-order-cycle", "error")
+	for _, run := range traceRuns(t, nil, prog) {
+		fs := ofKind(run.fs, "lock-order-cycle", "error")
 		if len(fs) != 1 {
-			t.Fatalf("run %d: %d lock-order cycles, want 1: %v", run, len(fs), fs)
+			t.Fatalf("run %s: %d lock-order cycles, want 1: %v", run, len(fs), fs)
 		}
 		fd := fs[0]
 		for _, l := range fd.Locks {
 			m := place.FindStringSubmatch(l)
 			if m == nil {
-				t.Fatalf("run %d: lock named %q, want \"mutex first taken at libx.so+0xOFFSET\"", run, l)
+				t.Fatalf("run %s: lock named %q, want \"mutex first taken at libx.so+0xOFFSET\"", run, l)
 			}
 			off, _ := strconv.ParseUint(m[1], 16, 64)
 			if inHidden(off) == "" {
-				t.Errorf("run %d: %s is not inside %v", run, l, within)
+				t.Errorf("run %s: %s is not inside %v", run, l, within)
 			}
 		}
 		frames := 0
@@ -82,12 +83,12 @@ func TestStrippedLibraryNames(t *testing.T) {
 			}
 		}
 		if frames == 0 {
-			t.Errorf("run %d: no unnamed frame in the edges' stacks", run)
+			t.Errorf("run %s: no unnamed frame in the edges' stacks", run)
 		}
 		if first == nil {
 			first = &fd
 		} else if fd.ID != first.ID || strings.Join(fd.Locks, ";") != strings.Join(first.Locks, ";") {
-			t.Errorf("second run: %s %v, first %s %v: want the same ID and names", fd.ID, fd.Locks, first.ID, first.Locks)
+			t.Errorf("run %s: %s %v, first %s %v: want the same ID and names", run, fd.ID, fd.Locks, first.ID, first.Locks)
 		}
 	}
 	// The text report names the frames the same way.

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"github.com/hooktrace/hooktrace/internal/testenv"
-	"regexp"
-
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,12 +10,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
-// The preload recorder's tests: the same programs as the eBPF tests, traced
-// by the preloaded library, unprivileged where the point is that no
-// privilege is needed, and checked against the eBPF recorder's verdicts.
+// The preload recorder's own tests: what it alone promises (no privilege,
+// a ring that waits instead of dropping, a SIGKILLed target's records, the
+// user's own LD_PRELOAD, the target's behaviour). The findings tests run
+// every program under both recorders and compare them (traceRuns).
 
 // asNobody returns argv run as user nobody when this test runs as root (an
 // unprivileged user already is one), with prog made reachable.
@@ -99,87 +97,6 @@ func TestPreloadUnprivileged(t *testing.T) {
 	}
 }
 
-// TestRecorderParity: the same program under both recorders gives the
-// same findings (kind, severity, locks, ID), and the preload recorder
-// counts exactly the program's own calls. The eBPF recorder may count
-// more: the loader takes its own lock through a function pointer
-// (_dl_allocate_tls_init and _dl_fini call pthread_mutex_lock by
-// dl_rtld_lock_recursive), which no PLT interposition sees.
-func TestRecorderParity(t *testing.T) {
-	testenv.RequireBPF(t)
-	cases := []struct {
-		name, prog string
-		args       []string
-		calls      map[string]uint64 // the program's own calls
-	}{
-		{"inversion", "inversion", nil, map[string]uint64{"pthread_mutex_lock": 4, "pthread_mutex_unlock": 4, "thread_create": 2}},
-		{"consistent", "inversion", []string{"consistent"}, nil},
-		{"ring", "ring", nil, nil},
-		{"mallocs", "mallocs", nil, map[string]uint64{"malloc": 10000, "pthread_mutex_lock": 10000, "pthread_mutex_unlock": 10000, "thread_create": 4}},
-		// The seed case: the hook inside free is seen by the lock call
-		// it makes (through the PLT), flagged as inside free by the
-		// shim, and its raw stack unwound through glibc.
-		// Read/write locks, a trylock against the order, a spinlock, a
-		// condition variable. The eBPF recorder counts one more
-		// spin_unlock: glibc 2.36's pthread_spin_init is the same code.
-		{"rwlocks", "rwlocks", nil, map[string]uint64{"pthread_rwlock_rdlock": 1, "pthread_rwlock_wrlock": 1,
-			"pthread_rwlock_unlock": 2, "pthread_mutex_trylock": 1, "pthread_spin_lock": 1, "pthread_spin_unlock": 1}},
-		{"ompi madvise", "ompi", nil, nil},
-		{"ompi munmap", "ompi", []string{"munmap"}, nil},
-	}
-	for _, c := range cases {
-		prog := testenv.Program(t, c.prog)
-		t.Run(c.name, func(t *testing.T) {
-			type result struct {
-				rep jsonReport
-				fs  []finding
-			}
-			got := map[string]result{}
-			for _, rec := range []string{"ebpf", "preload"} {
-				argv := append([]string{"--recorder", rec, "--fail-on", "none", "--ignore-target-status", "--", prog}, c.args...)
-				stdout, _, stderr, code := runJSON(t, argv...)
-				if code != 0 {
-					t.Fatalf("%s: exit %d\n%s", rec, code, stderr)
-				}
-				got[rec] = result{parseReport(t, stdout), findings(t, stdout)}
-			}
-			e, p := got["ebpf"], got["preload"]
-			if len(e.fs) != len(p.fs) {
-				t.Fatalf("ebpf found %v, preload %v", e.fs, p.fs)
-			}
-			for i := range e.fs {
-				// A hook-lock finding's ID names the memory syscall seen
-				// inside the allocator call before the hook ran: only the
-				// kernel sees glibc's own syscalls.
-				// The same goes for a hook-context finding's title and ID,
-				// which name the hooked syscall when it was seen.
-				hooked := hookedCall.MatchString(e.fs[i].Title)
-				sameID := e.fs[i].ID == p.fs[i].ID || e.fs[i].Kind == "hook-lock" || hooked
-				if !sameID || e.fs[i].Kind != p.fs[i].Kind || e.fs[i].Severity != p.fs[i].Severity ||
-					hookedCall.ReplaceAllString(e.fs[i].Title, "") != hookedCall.ReplaceAllString(p.fs[i].Title, "") ||
-					!sameSet(e.fs[i].Locks, p.fs[i].Locks) {
-					t.Errorf("finding %d: ebpf %v, preload %v", i, e.fs[i], p.fs[i])
-				}
-			}
-			for op, n := range c.calls {
-				// Only the uprobe counts are compared: the eBPF
-				// recorder's thread_create comes from a tracepoint and
-				// was seen at 0 on a loaded machine (to investigate).
-				if p.rep.Stats.Calls[op] != n || (op != "thread_create" && e.rep.Stats.Calls[op] < n) {
-					t.Errorf("calls.%s: preload %d, ebpf %d; the program makes %d", op, p.rep.Stats.Calls[op], e.rep.Stats.Calls[op], n)
-				}
-			}
-			if p.rep.Stats.LostEvents != 0 || !p.rep.Stats.Complete {
-				t.Errorf("preload: lost %d, complete %v", p.rep.Stats.LostEvents, p.rep.Stats.Complete)
-			}
-		})
-	}
-}
-
-// hookedCall is how a finding's title names the memory syscall a hook
-// wraps, which the preload recorder alone does not see.
-var hookedCall = regexp.MustCompile(` in (madvise|munmap|mremap|mmap|brk|sbrk)\b`)
-
 // TestPreloadRingFull: a 4K ring under 40,000 events in full mode. The
 // preload recorder's writers wait for the reader instead of dropping, so
 // the trace is complete and every malloc is an event.
@@ -196,61 +113,6 @@ func TestPreloadRingFull(t *testing.T) {
 	}
 	if rep.Stats.Events < 40000 {
 		t.Errorf("%d events in full mode, want at least 40000 (10000 malloc, free, lock, unlock)", rep.Stats.Events)
-	}
-}
-
-// preloadFindings runs prog under the preload recorder and returns its
-// findings.
-func preloadFindings(t *testing.T, extra []string, prog string, args ...string) []finding {
-	t.Helper()
-	return traceFindings(t, append([]string{"--recorder", "preload"}, extra...), prog, args...)
-}
-
-// TestPreloadProcesses: a forked child records only with --follow-forks
-// (it inherits the shared memory; without following it records nothing),
-// and an exec'd program records in its new image, named by its symbols.
-func TestPreloadProcesses(t *testing.T) {
-	forker := testenv.Program(t, "forker")
-	fs := ofKind(preloadFindings(t, []string{"--follow-forks"}, forker), "lock-order-cycle", "error")
-	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"fork_a (forker)", "fork_b (forker)"}) || !fs[0].edgeStackHas(0, "both_orders") {
-		t.Errorf("--follow-forks: want the child's fork_a/fork_b inversion from both_orders, got %v", fs)
-	}
-	if fs := preloadFindings(t, nil, forker); len(fs) != 0 {
-		t.Errorf("without --follow-forks the child records nothing, got %v", fs)
-	}
-	execer, inversion := testenv.Program(t, "execer"), testenv.Program(t, "inversion")
-	fs = ofKind(preloadFindings(t, nil, execer, inversion), "lock-order-cycle", "error")
-	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
-		t.Errorf("want the exec'd program's inversion, got %v", fs)
-	}
-}
-
-// TestPreloadConstructors: locks and a malloc in a constructor, before
-// main, are recorded with the constructor on their stacks.
-func TestPreloadConstructors(t *testing.T) {
-	prog := testenv.Program(t, "ctor")
-	trace := filepath.Join(t.TempDir(), "c.htr")
-	if _, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--mode", "full", "-o", trace, "--", prog); code != 0 {
-		t.Fatalf("exit %d\n%s", code, stderr)
-	}
-	evs, stacks, r := readTrace(t, trace)
-	if h := r.Header(); h == nil || h.Recorder != "preload" || h.Allocator != "glibc" {
-		t.Errorf("header: %+v, want recorder preload, allocator glibc", h)
-	}
-	locks, inCtor, mallocInCtor := 0, 0, 0
-	for _, e := range evs {
-		if e.Op == events.OpMutexLock {
-			locks++
-			if stackHas(stacks[e.Stack], "before_main") {
-				inCtor++
-			}
-		}
-		if e.Op == events.OpMalloc && e.Size == 4321 && stackHas(stacks[e.Stack], "before_main") && e.Has(events.FlagLocksHeld) {
-			mallocInCtor++
-		}
-	}
-	if locks != 3 || inCtor != 2 || mallocInCtor != 1 {
-		t.Errorf("early_lock taken %d times (%d in the constructor), malloc(4321) under it in the constructor %d times; want 3, 2, 1", locks, inCtor, mallocInCtor)
 	}
 }
 

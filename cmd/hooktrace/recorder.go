@@ -34,8 +34,9 @@ type recorder interface {
 	Seen() (threads, locks int64)
 }
 
-func (f *traceFlags) registerRecorder(c *cobra.Command) {
-	c.Flags().StringVar(&f.recorder, "recorder", recorderAuto,
+// registerRecorder adds --recorder to c (run, demo), stored in choice.
+func registerRecorder(c *cobra.Command, choice *string) {
+	c.Flags().StringVar(choice, "recorder", recorderAuto,
 		"ebpf: uprobes (needs root or CAP_BPF+CAP_PERFMON); preload: a preloaded library, unprivileged, for dynamically linked targets; auto: preload where it can")
 }
 

@@ -16,7 +16,9 @@ import (
 )
 
 // TestFollowForks: a child process's lock inversion is seen only with
-// --follow-forks; its probes are placed before it runs.
+// --follow-forks: its probes are placed before it runs, or, preloaded, it
+// keeps writing to the shared memory it inherits (without the flag it
+// records nothing).
 func TestFollowForks(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "forker")
@@ -30,8 +32,8 @@ func TestFollowForks(t *testing.T) {
 }
 
 // TestExecMidTrace: the target execs another program; the trace goes on
-// in the new image (same PID) and finds its inversion, named after the new
-// image's symbols.
+// in the new image (same PID; preloaded again by the loader) and finds its
+// inversion, named after the new image's symbols.
 func TestExecMidTrace(t *testing.T) {
 	testenv.RequireBPF(t)
 	execer, inversion := testenv.Program(t, "execer"), testenv.Program(t, "inversion")
@@ -89,7 +91,8 @@ func TestDamagedTraces(t *testing.T) {
 
 // TestGoTarget: a Go program gets no return probes (they corrupt Go
 // stacks), is told so, and runs to its right answer. One without cgo has
-// no pthread lock to trace: run refuses it, exit 3, before it runs.
+// no pthread lock to trace: run refuses it, exit 3, before it runs. eBPF
+// alone: a Go program calls no libc a preloaded library could interpose.
 func TestGoTarget(t *testing.T) {
 	testenv.RequireBPF(t)
 	dir := t.TempDir()
@@ -150,13 +153,20 @@ func TestGoTarget(t *testing.T) {
 }
 
 // TestCxxProbe: --probe takes a demangled C++ name; every call of it is
-// traced at entry and exit, with the demangled name in the stack.
+// traced at entry and exit, with the demangled name in the stack, under
+// both recorders (a uprobe, or the preloaded library's breakpoint).
 func TestCxxProbe(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.C{Compiler: "g++", Source: filepath.Join("..", "..", "testdata", "cxx.cc"),
 		Flags: []string{"-O2", "-g", "-fno-omit-frame-pointer"}}.Build(t)
+	for _, recorder := range recorders {
+		t.Run(recorder, func(t *testing.T) { traceCxxProbe(t, prog, recorder) })
+	}
+}
+
+func traceCxxProbe(t *testing.T, prog, recorder string) {
 	trace := filepath.Join(t.TempDir(), "c.htr")
-	if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--probe", "rc::Cache::insert", "--", prog); code != 0 {
+	if _, stderr, code := hooktrace(t, nil, "run", "--recorder", recorder, "--mode", "full", "-o", trace, "--probe", "rc::Cache::insert", "--", prog); code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
 	evs, stacks, r := readTrace(t, trace)
@@ -181,21 +191,27 @@ func TestCxxProbe(t *testing.T) {
 }
 
 // TestConstructorsAndStatic: locks taken in a constructor, before main,
-// are traced (run starts at the first instruction), in a dynamic binary
-// and in a static one whose allocator and pthreads are in the executable.
+// are traced (run starts at the first instruction; the preloaded library's
+// own constructor runs before the program's), in a dynamic binary under
+// both recorders, and in a static one whose allocator and pthreads are in
+// the executable, under eBPF alone: no loader can preload a library into
+// it.
 func TestConstructorsAndStatic(t *testing.T) {
 	testenv.RequireBPF(t)
-	for _, static := range []bool{false, true} {
-		name := "ctor"
+	for _, c := range []struct {
+		name, recorder string
+		static         bool
+	}{{"ctor", "ebpf", false}, {"ctor", "preload", false}, {"ctor_static", "ebpf", true}} {
 		var extra []string
-		if static {
-			name, extra = "ctor_static", []string{"-static"}
+		if c.static {
+			extra = []string{"-static"}
 		}
-		t.Run(name, func(t *testing.T) {
+		name := c.name
+		t.Run(name+" "+c.recorder, func(t *testing.T) {
 			prog := testenv.C{Source: filepath.Join("..", "..", "testdata", "ctor.c"), Name: name,
 				Flags: append(slices.Clone(testenv.CFlags), extra...)}.Build(t)
 			trace := filepath.Join(t.TempDir(), "c.htr")
-			if _, stderr, code := hooktrace(t, nil, "run", "--mode", "full", "-o", trace, "--", prog); code != 0 {
+			if _, stderr, code := hooktrace(t, nil, "run", "--recorder", c.recorder, "--mode", "full", "-o", trace, "--", prog); code != 0 {
 				t.Fatalf("exit %d\n%s", code, stderr)
 			}
 			r, err := events.Open(trace)
@@ -231,6 +247,9 @@ func TestConstructorsAndStatic(t *testing.T) {
 						mallocInCtor++
 					}
 				}
+			}
+			if h := r.Header(); h == nil || h.Recorder != c.recorder {
+				t.Errorf("header: %+v, want recorder %s", h, c.recorder)
 			}
 			if locks != 3 || inCtor != 2 || mallocInCtor != 1 {
 				t.Errorf("early_lock taken %d times (%d in the constructor), malloc(4321) under it in the constructor %d times; want 3, 2, 1", locks, inCtor, mallocInCtor)
@@ -281,7 +300,9 @@ func traceJemalloc(t *testing.T, recorder string) {
 
 // TestLostEventsReported: a ring buffer too small for the event rate drops
 // records; the drops are counted, stored in the footer, and every report
-// says the analysis is incomplete rather than clean.
+// says the analysis is incomplete rather than clean. eBPF alone: the
+// preload recorder's writers wait for the reader instead of dropping
+// (TestPreloadRingFull).
 func TestLostEventsReported(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "mallocs")

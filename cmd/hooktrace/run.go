@@ -40,7 +40,7 @@ on to the target; the trace and the report are finished after it exits.`,
 	f.register(c)
 	c.Flags().BoolVar(&f.ignoreTargetStatus, "ignore-target-status", false,
 		"exit with the findings' verdict alone, whatever the target's own exit status")
-	f.registerRecorder(c)
+	registerRecorder(c, &f.recorder)
 	return c
 }
 
