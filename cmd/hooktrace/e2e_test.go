@@ -91,8 +91,21 @@ type jsonReport struct {
 		ExitStatus *int              `json:"exit_status"`
 		ExitSignal string            `json:"exit_signal"`
 		Calls      map[string]uint64 `json:"calls"`
+		// Records that contradict each other, by kind.
+		TraceChecks map[string]uint64 `json:"trace_checks"`
 	} `json:"stats"`
 	Findings []json.RawMessage `json:"findings"`
+}
+
+// noTraceChecks fails for a trace that contradicts itself: a nonzero count
+// means the recorder lost or misattributed events.
+func noTraceChecks(t *testing.T, what string, rep jsonReport) {
+	t.Helper()
+	for check, n := range rep.Stats.TraceChecks {
+		if n != 0 {
+			t.Errorf("%s: trace checks: %d %s", what, n, check)
+		}
+	}
 }
 
 func parseReport(t *testing.T, out string) jsonReport {

@@ -69,20 +69,7 @@ func traceFindingsOnce(t *testing.T, extra []string, prog string, args ...string
 	if code != 0 {
 		t.Fatalf("hooktrace exit %d\n%s", code, stderr)
 	}
-	// The trace must not contradict itself: a nonzero count means the
-	// tracer lost or misattributed events.
-	var r struct {
-		Stats struct {
-			TraceChecks map[string]uint64 `json:"trace_checks"`
-		} `json:"stats"`
-	}
-	if err := json.Unmarshal([]byte(report), &r); err == nil {
-		for what, n := range r.Stats.TraceChecks {
-			if n != 0 {
-				t.Errorf("trace checks: %d %s in %s %v", n, what, prog, args)
-			}
-		}
-	}
+	noTraceChecks(t, fmt.Sprint(prog, args), parseReport(t, report))
 	return findings(t, report)
 }
 

@@ -114,47 +114,24 @@ func TestRecorderParity(t *testing.T) {
 		// it makes (through the PLT), flagged as inside free by the
 		// shim, and its raw stack unwound through glibc.
 		// Read/write locks, a trylock against the order, a spinlock, a
-		// condition variable. The eBPF recorder counts one more
-		// spin_unlock: glibc 2.36's pthread_spin_init is the same code.
+		// condition variable. glibc 2.36's pthread_spin_init is
+		// pthread_spin_unlock's code: each recorder still counts one
+		// of each.
 		{"rwlocks", "rwlocks", nil, map[string]uint64{"pthread_rwlock_rdlock": 1, "pthread_rwlock_wrlock": 1,
-			"pthread_rwlock_unlock": 2, "pthread_mutex_trylock": 1, "pthread_spin_lock": 1, "pthread_spin_unlock": 1}},
+			"pthread_rwlock_unlock": 2, "pthread_mutex_trylock": 1, "pthread_spin_lock": 1, "pthread_spin_unlock": 1,
+			"pthread_spin_init": 1}},
 		{"ompi madvise", "ompi", nil, nil},
 		{"ompi munmap", "ompi", []string{"munmap"}, nil},
 	}
 	for _, c := range cases {
 		prog := testenv.Program(t, c.prog)
 		t.Run(c.name, func(t *testing.T) {
-			type result struct {
-				rep jsonReport
-				fs  []finding
-			}
-			got := map[string]result{}
-			for _, rec := range []string{"ebpf", "preload"} {
-				argv := append([]string{"--recorder", rec, "--fail-on", "none", "--ignore-target-status", "--", prog}, c.args...)
-				stdout, _, stderr, code := runJSON(t, argv...)
-				if code != 0 {
-					t.Fatalf("%s: exit %d\n%s", rec, code, stderr)
-				}
-				got[rec] = result{parseReport(t, stdout), findings(t, stdout)}
+			got := map[string]recorded{}
+			for _, rec := range recorders {
+				got[rec] = record(t, append([]string{"--recorder", rec, "--ignore-target-status", "--", prog}, c.args...)...)
 			}
 			e, p := got["ebpf"], got["preload"]
-			if len(e.fs) != len(p.fs) {
-				t.Fatalf("ebpf found %v, preload %v", e.fs, p.fs)
-			}
-			for i := range e.fs {
-				// A hook-lock finding's ID names the memory syscall seen
-				// inside the allocator call before the hook ran: only the
-				// kernel sees glibc's own syscalls.
-				// The same goes for a hook-context finding's title and ID,
-				// which name the hooked syscall when it was seen.
-				hooked := hookedCall.MatchString(e.fs[i].Title)
-				sameID := e.fs[i].ID == p.fs[i].ID || e.fs[i].Kind == "hook-lock" || hooked
-				if !sameID || e.fs[i].Kind != p.fs[i].Kind || e.fs[i].Severity != p.fs[i].Severity ||
-					hookedCall.ReplaceAllString(e.fs[i].Title, "") != hookedCall.ReplaceAllString(p.fs[i].Title, "") ||
-					!sameSet(e.fs[i].Locks, p.fs[i].Locks) {
-					t.Errorf("finding %d: ebpf %v, preload %v", i, e.fs[i], p.fs[i])
-				}
-			}
+			sameFindings(t, c.name, e.fs, p.fs)
 			for op, n := range c.calls {
 				// Only the uprobe counts are compared: the eBPF
 				// recorder's thread_create comes from a tracepoint and
@@ -168,6 +145,79 @@ func TestRecorderParity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recorders are run's two ways to record, which must agree.
+var recorders = []string{"ebpf", "preload"}
+
+// recorded is one run's JSON report, as text and parsed.
+type recorded struct {
+	out string
+	rep jsonReport
+	fs  []finding
+}
+
+// record runs hooktrace run with args (--fail-on none added) and returns
+// its report; the run must succeed.
+func record(t *testing.T, args ...string) recorded {
+	t.Helper()
+	out, _, stderr, code := runJSON(t, append([]string{"--fail-on", "none"}, args...)...)
+	if code != 0 {
+		t.Fatalf("%q: exit %d\n%s", args, code, stderr)
+	}
+	return recorded{out, parseReport(t, out), findings(t, out)}
+}
+
+// sameFindings checks that the preload recorder found what the eBPF
+// recorder found: kind, severity, locks, title and ID, except where they
+// name a memory syscall, which only the kernel sees.
+func sameFindings(t *testing.T, what string, ebpf, preload []finding) {
+	t.Helper()
+	if len(ebpf) != len(preload) {
+		t.Errorf("%s: ebpf found %v, preload %v", what, ebpf, preload)
+		return
+	}
+	for i, e := range ebpf {
+		p := preload[i]
+		// A hook-lock finding's ID names the memory syscall seen
+		// inside the allocator call before the hook ran: only the
+		// kernel sees glibc's own syscalls.
+		// The same goes for a hook-context finding's title and ID,
+		// which name the hooked syscall when it was seen.
+		hooked := hookedCall.MatchString(e.Title)
+		sameID := e.ID == p.ID || e.Kind == "hook-lock" || hooked
+		if !sameID || e.Kind != p.Kind || e.Severity != p.Severity ||
+			hookedCall.ReplaceAllString(e.Title, "") != hookedCall.ReplaceAllString(p.Title, "") ||
+			!sameSet(e.Locks, p.Locks) {
+			t.Errorf("%s: finding %d: ebpf %v, preload %v", what, i, e, p)
+		}
+	}
+}
+
+// recordEachWay runs prog under both recorders in both modes. Each
+// recorder's modes must agree, the recorders must agree with each other
+// (sameFindings), and no trace may contradict itself. The runs are keyed
+// "recorder mode".
+func recordEachWay(t *testing.T, prog string, args ...string) map[string]recorded {
+	t.Helper()
+	runs := map[string]recorded{}
+	for _, rec := range recorders {
+		for _, mode := range []string{"full", "aggregate"} {
+			what := fmt.Sprintf("%s %q --recorder %s --mode %s", filepath.Base(prog), args, rec, mode)
+			r := record(t, append([]string{"--recorder", rec, "--mode", mode, "--", prog}, args...)...)
+			noTraceChecks(t, what, r.rep)
+			runs[rec+" "+mode] = r
+		}
+		if a, b := findingIDs(runs[rec+" full"].fs), findingIDs(runs[rec+" aggregate"].fs); a != b {
+			t.Errorf("%s %q --recorder %s: full and aggregate modes disagree:\nfull:      %s\naggregate: %s",
+				filepath.Base(prog), args, rec, a, b)
+		}
+	}
+	for _, mode := range []string{"full", "aggregate"} {
+		sameFindings(t, fmt.Sprintf("%s %q --mode %s", filepath.Base(prog), args, mode),
+			runs["ebpf "+mode].fs, runs["preload "+mode].fs)
+	}
+	return runs
 }
 
 // hookedCall is how a finding's title names the memory syscall a hook
