@@ -19,6 +19,7 @@ import (
 func traceLifetimes(t *testing.T, prog, mode string) (map[string]recorded, []finding) {
 	t.Helper()
 	runs := recordEachWay(t, prog, mode)
+	recordersAgree(t, "lifetimes "+mode, runs)
 	return runs, runs["ebpf full"].fs
 }
 

@@ -194,15 +194,18 @@ func sameFindings(t *testing.T, what string, ebpf, preload []finding) {
 	}
 }
 
+// modes are run's two modes, which must agree.
+var modes = []string{"full", "aggregate"}
+
 // recordEachWay runs prog under both recorders in both modes. Each
-// recorder's modes must agree, the recorders must agree with each other
-// (sameFindings), and no trace may contradict itself. The runs are keyed
+// recorder's modes must agree and no trace may contradict itself; the
+// caller compares the recorders (recordersAgree). The runs are keyed
 // "recorder mode".
 func recordEachWay(t *testing.T, prog string, args ...string) map[string]recorded {
 	t.Helper()
 	runs := map[string]recorded{}
 	for _, rec := range recorders {
-		for _, mode := range []string{"full", "aggregate"} {
+		for _, mode := range modes {
 			what := fmt.Sprintf("%s %q --recorder %s --mode %s", filepath.Base(prog), args, rec, mode)
 			r := record(t, append([]string{"--recorder", rec, "--mode", mode, "--", prog}, args...)...)
 			noTraceChecks(t, what, r.rep)
@@ -213,11 +216,16 @@ func recordEachWay(t *testing.T, prog string, args ...string) map[string]recorde
 				filepath.Base(prog), args, rec, a, b)
 		}
 	}
-	for _, mode := range []string{"full", "aggregate"} {
-		sameFindings(t, fmt.Sprintf("%s %q --mode %s", filepath.Base(prog), args, mode),
-			runs["ebpf "+mode].fs, runs["preload "+mode].fs)
-	}
 	return runs
+}
+
+// recordersAgree checks recordEachWay's runs give the same findings under
+// both recorders, mode by mode.
+func recordersAgree(t *testing.T, what string, runs map[string]recorded) {
+	t.Helper()
+	for _, mode := range modes {
+		sameFindings(t, what+" --mode "+mode, runs["ebpf "+mode].fs, runs["preload "+mode].fs)
+	}
 }
 
 // hookedCall is how a finding's title names the memory syscall a hook
