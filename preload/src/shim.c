@@ -1008,6 +1008,49 @@ static size_t chunk_size(void *p)
 	return (((__u64 *)p)[-1] & ~7ULL) - 8;
 }
 
+/* glibc's free gives a chunk it mmapped back with munmap, by a call inside
+ * libc that no interposition sees; a runtime's hook patched into munmap's
+ * entry runs there. The chunk's header says which chunks those are and
+ * where their mapping starts. */
+struct mapping {
+	__u64 addr, len;
+};
+
+static struct mapping mmapped_chunk(void *p)
+{
+	struct mapping m = {0, 0};
+	if (!p || !glibc_free)
+		return m;
+	__u64 hdr = ((__u64 *)p)[-1], prev = ((__u64 *)p)[-2];
+	if (!(hdr & 2)) /* IS_MMAPPED */
+		return m;
+	m.addr = (__u64)p - 16 - prev;
+	m.len = prev + (hdr & ~7ULL);
+	return m;
+}
+
+/* The munmap that free made, sent once free returns (what a hook took
+ * meanwhile is recorded already, as it precedes the system call the BPF
+ * side sees), inside the free, as the BPF side's sys_enter sends every
+ * munmap: the analysis learns the hook ran under the locks held around
+ * free without taking them again. Its stack is free's own, which tells
+ * the analysis glibc holds no arena lock there. Counted as the call it
+ * is; where the kernel's tracepoint is added, hooktrace takes the memory
+ * syscalls' counts from the kernel instead, which sees them all. */
+static void rec_free_munmap(struct tstate *t, struct mapping m, __u64 *frame)
+{
+	count_call(t, OP_MUNMAP);
+	struct event e;
+	event_init(&e, t, OP_MUNMAP);
+	e.addr = m.addr;
+	e.size = m.len;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	e.stack = take_stack(t, (__u64)real.free, frame);
+	event_send(&e);
+}
+
 EXPORT void free(void *p)
 {
 	if (unlikely(is_boot(p)))
@@ -1023,9 +1066,15 @@ EXPORT void free(void *p)
 		return;
 	}
 	rec_alloc(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
+	struct mapping unmapped = mmapped_chunk(p);
 	t->alloc_depth++;
 	leave(t);
 	real.free(p);
+	if (unmapped.len && !t->guard) {
+		t->guard = 1;
+		rec_free_munmap(t, unmapped, FRAME);
+		leave(t);
+	}
 	t->alloc_depth--;
 	if (!t->alloc_depth)
 		t->alloc_sp = 0;
