@@ -354,16 +354,16 @@ static int lock_page_has(__u64 page)
 	return 0;
 }
 
-/* A freed chunk up to this many pages is checked page by page; a larger
- * one within the bounds is taken to hold a lock (256 KiB: a mapped block
- * of the size the benchmark frees is still checked). */
+/* A freed chunk of up to this many pages (256 KiB) is checked page by
+ * page; a larger one within the bounds is taken to hold a lock. */
 #define FREE_CHECK_PAGES 64
 
 /* Whether freeing the glibc chunk at p may end a lock's lifetime: a page
- * it spans holds a lock. The BPF side skips chunks glibc mmapped, since it
- * always sends their munmap; the shim sees no munmap of its own, so it
- * checks them like any other. Another allocator's chunk has no size the
- * shim can read, and its free no size the analysis could end locks by. */
+ * it spans holds a lock. The BPF side skips chunks glibc mmapped, whose
+ * munmap it sees and ends the epoch at; the shim's record of that munmap
+ * (rec_free_munmap) does not, so such chunks are checked like any other.
+ * Another allocator's chunk has no size the shim can read, and its free no
+ * size the analysis could end locks by. */
 static int free_covers_lock(__u64 p, __u64 size)
 {
 	if (!p || !size)
