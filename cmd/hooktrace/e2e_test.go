@@ -97,6 +97,17 @@ type jsonReport struct {
 	Findings []json.RawMessage `json:"findings"`
 }
 
+// noTraceChecks fails for a trace that contradicts itself: a nonzero count
+// means the recorder lost or misattributed events.
+func noTraceChecks(t *testing.T, what string, rep jsonReport) {
+	t.Helper()
+	for check, n := range rep.Stats.TraceChecks {
+		if n != 0 {
+			t.Errorf("%s: trace checks: %d %s", what, n, check)
+		}
+	}
+}
+
 func parseReport(t *testing.T, out string) jsonReport {
 	t.Helper()
 	var r jsonReport

@@ -3,47 +3,23 @@
 package main
 
 import (
-	"fmt"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
-// Lock lifetimes for every kind of lock, traced with real probes in both
-// modes: the kernel's chain cache (aggregate) must not hide a new lock at
-// an old lock's address, so both modes give the same findings.
+// Lock lifetimes for every kind of lock, traced with real probes and with
+// the preloaded recorder, in both modes: the chain cache (aggregate) must
+// not hide a new lock at an old lock's address, so every way of recording
+// gives the same findings (traceRuns).
 
-// traceBothModes runs testdata/lifetimes.c in MODE under --mode full and
-// --mode aggregate, checks that both give the same findings, and returns
-// full mode's report and findings.
-func traceBothModes(t *testing.T, prog, mode string) (jsonReport, []finding) {
+// traceLifetimes runs testdata/lifetimes.c in mode each way and returns
+// the runs, which agree, and the first run's findings.
+func traceLifetimes(t *testing.T, prog, mode string) ([]traced, []finding) {
 	t.Helper()
-	var reps [2]jsonReport
-	var fss [2][]finding
-	for i, m := range []string{"full", "aggregate"} {
-		stdout, _, stderr, code := runJSON(t, "--recorder", "ebpf", "--fail-on", "none", "--mode", m, "--", prog, mode)
-		if code != 0 {
-			t.Fatalf("%s --mode %s: hooktrace exit %d\n%s", mode, m, code, stderr)
-		}
-		reps[i], fss[i] = parseReport(t, stdout), findings(t, stdout)
-	}
-	if a, b := findingKeys(fss[0]), findingKeys(fss[1]); !slices.Equal(a, b) {
-		t.Errorf("%s: full and aggregate modes disagree:\nfull:      %q\naggregate: %q", mode, a, b)
-	}
-	return reps[0], fss[0]
-}
-
-func findingKeys(fs []finding) []string {
-	var keys []string
-	for _, f := range fs {
-		locks := slices.Clone(f.Locks)
-		slices.Sort(locks)
-		keys = append(keys, fmt.Sprintf("%s %s [%s]", f.Severity, f.Kind, strings.Join(locks, ", ")))
-	}
-	slices.Sort(keys)
-	return keys
+	runs := traceRuns(t, nil, prog, mode)
+	return runs, runs[0].fs
 }
 
 // TestLockReuseAfterDestroy: spinlocks and rwlocks a, b taken a -> b, then
@@ -55,10 +31,10 @@ func TestLockReuseAfterDestroy(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "lifetimes")
 	for _, kind := range []string{"spin", "rwlock", "zeroed"} {
-		if _, fs := traceBothModes(t, prog, kind); len(ofKind(fs, "lock-order-cycle", "error")) != 0 {
+		if _, fs := traceLifetimes(t, prog, kind); len(ofKind(fs, "lock-order-cycle", "error")) != 0 {
 			t.Errorf("%s: new locks at old addresses make a cycle: %v", kind, fs)
 		}
-		if _, fs := traceBothModes(t, prog, kind+"-same"); len(ofKind(fs, "lock-order-cycle", "error")) != 1 {
+		if _, fs := traceLifetimes(t, prog, kind+"-same"); len(ofKind(fs, "lock-order-cycle", "error")) != 1 {
 			t.Errorf("%s-same: want one lock-order-cycle error, got %v", kind, fs)
 		}
 	}
@@ -69,14 +45,16 @@ func TestLockReuseAfterDestroy(t *testing.T) {
 // spinlocks unlocks none.
 func TestSpinInitIsNotUnlock(t *testing.T) {
 	testenv.RequireBPF(t)
-	rep, _ := traceBothModes(t, testenv.Program(t, "lifetimes"), "spininit")
-	calls := rep.Stats.Calls
-	if calls["pthread_spin_unlock"] != 0 || calls["pthread_spin_lock"] != 0 {
-		t.Errorf("spin lock/unlock calls counted in a program that makes none: %v", calls)
-	}
-	if calls["pthread_spin_init"] != 1000 || calls["pthread_spin_destroy"] != 1000 {
-		t.Errorf("pthread_spin_init %d, pthread_spin_destroy %d; want 1000 each",
-			calls["pthread_spin_init"], calls["pthread_spin_destroy"])
+	runs, _ := traceLifetimes(t, testenv.Program(t, "lifetimes"), "spininit")
+	for _, r := range runs {
+		how, calls := r.String(), r.rep.Stats.Calls
+		if calls["pthread_spin_unlock"] != 0 || calls["pthread_spin_lock"] != 0 {
+			t.Errorf("%s: spin lock/unlock calls counted in a program that makes none: %v", how, calls)
+		}
+		if calls["pthread_spin_init"] != 1000 || calls["pthread_spin_destroy"] != 1000 {
+			t.Errorf("%s: pthread_spin_init %d, pthread_spin_destroy %d; want 1000 each",
+				how, calls["pthread_spin_init"], calls["pthread_spin_destroy"])
+		}
 	}
 }
 
@@ -87,7 +65,7 @@ func TestSpinInitIsNotUnlock(t *testing.T) {
 func TestWriterPreferringRwlock(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "lifetimes")
-	_, fs := traceBothModes(t, prog, "writer")
+	_, fs := traceLifetimes(t, prog, "writer")
 	var twice []finding
 	for _, f := range ofKind(fs, "self-deadlock", "warning") {
 		if strings.Contains(f.Title, "read lock of") && strings.Contains(f.Title, "taken twice") {
@@ -97,7 +75,7 @@ func TestWriterPreferringRwlock(t *testing.T) {
 	if len(twice) != 1 || !strings.Contains(strings.Join(twice[0].Locks, " "), "table_lock") {
 		t.Errorf("writer-preferring rwlock read twice: want one warning on table_lock, got %v", fs)
 	}
-	if _, fs := traceBothModes(t, prog, "reader"); len(fs) != 0 {
+	if _, fs := traceLifetimes(t, prog, "reader"); len(fs) != 0 {
 		t.Errorf("reader-preferring rwlock read twice: want no finding, got %v", fs)
 	}
 }
@@ -107,7 +85,7 @@ func TestWriterPreferringRwlock(t *testing.T) {
 // (the kernel's chain cache once hid the new a -> b).
 func TestReinitialisedMutex(t *testing.T) {
 	testenv.RequireBPF(t)
-	_, fs := traceBothModes(t, testenv.Program(t, "lifetimes"), "remutex")
+	_, fs := traceLifetimes(t, testenv.Program(t, "lifetimes"), "remutex")
 	cycles := ofKind(fs, "lock-order-cycle", "error")
 	// The second lifetimes are named #2: the first ones took no b -> a.
 	if len(cycles) != 1 || !sameSet(cycles[0].Locks, []string{"mutex_a (lifetimes) #2", "mutex_b (lifetimes) #2"}) {

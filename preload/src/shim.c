@@ -66,9 +66,13 @@ static struct {
 	int (*rw_clockrdlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
 	int (*rw_clockwrlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
 	int (*rw_unlock)(pthread_rwlock_t *);
+	int (*rw_init)(pthread_rwlock_t *, const pthread_rwlockattr_t *);
+	int (*rw_destroy)(pthread_rwlock_t *);
 	int (*spin_lock)(pthread_spinlock_t *);
 	int (*spin_trylock)(pthread_spinlock_t *);
 	int (*spin_unlock)(pthread_spinlock_t *);
+	int (*spin_init)(pthread_spinlock_t *, int);
+	int (*spin_destroy)(pthread_spinlock_t *);
 	int (*cond_wait)(pthread_cond_t *, pthread_mutex_t *);
 	int (*cond_timedwait)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
 	int (*cond_clockwait)(pthread_cond_t *, pthread_mutex_t *, clockid_t, const struct timespec *);
@@ -135,9 +139,13 @@ static void resolve_real(void)
 	RESOLVE(rw_clockrdlock, "pthread_rwlock_clockrdlock");
 	RESOLVE(rw_clockwrlock, "pthread_rwlock_clockwrlock");
 	RESOLVE(rw_unlock, "pthread_rwlock_unlock");
+	RESOLVE(rw_init, "pthread_rwlock_init");
+	RESOLVE(rw_destroy, "pthread_rwlock_destroy");
 	RESOLVE(spin_lock, "pthread_spin_lock");
 	RESOLVE(spin_trylock, "pthread_spin_trylock");
 	RESOLVE(spin_unlock, "pthread_spin_unlock");
+	RESOLVE(spin_init, "pthread_spin_init");
+	RESOLVE(spin_destroy, "pthread_spin_destroy");
 	RESOLVE(cond_wait, "pthread_cond_wait");
 	RESOLVE(cond_timedwait, "pthread_cond_timedwait");
 	RESOLVE(cond_clockwait, "pthread_cond_clockwait");
@@ -163,6 +171,27 @@ static __u64 sample_seq;       /* sample ids */
 static __u64 chain_keys[1 << 16]; /* the chain cache: pattern -> stack */
 static __u64 chain_vals[1 << 16];
 static __u64 stacks_sent[1 << 12]; /* stack hashes sent (lossy: hooktrace dedups) */
+
+/* Counts lock lifetimes ended in this process: an init or destroy, a free
+ * of a chunk that holds a lock, and whatever calls lifetime_changed (the
+ * memory wrappers' munmap and mremap). Mixed into every chain-cache key, as
+ * the BPF side's lock_epoch is: a lock re-made at an address is a new lock
+ * to the analysis, and the patterns the old one was in must be sent again
+ * for it. An exec starts a new image with an empty chain cache anyway. */
+static __u64 lock_epoch;
+
+/* Pages that hold a lock the analysis was sent (an init, a sent
+ * acquisition), as the BPF side's lock_pages: a free of a chunk spanning
+ * one must be sent and end the epoch even in aggregate mode, or a lock
+ * freed without destroy and re-made at its address (a zeroed mutex needs
+ * no init) would merge with the old one. An open-addressed set of page
+ * numbers + 1, never emptied; a page that finds no room in its probe window
+ * goes unregistered, as an evicted page does on the BPF side. The lowest
+ * and highest pages let most frees answer with two compares. */
+#define LOCK_PAGE_BITS 14
+#define LOCK_PAGE_PROBES 8
+static __u64 lock_pages[1 << LOCK_PAGE_BITS];
+static __u64 lock_page_lo = ~0ULL, lock_page_hi;
 extern void *__libc_stack_end;
 
 #define H64(off) ((__u64 *)(shm + (off)))
@@ -278,6 +307,78 @@ static int init_process(void)
 	errno = saved;
 	__atomic_store_n(&init_state, 2, __ATOMIC_RELEASE);
 	return 1;
+}
+
+/* ---- lock lifetimes ----------------------------------------------------- */
+
+/* Ends the chain cache's patterns: every lock-lifetime end calls this. A
+ * wrapper of munmap or mremap must call it too (the BPF side bumps its
+ * epoch at both syscalls): the locks in what they unmap or move end. */
+static void lifetime_changed(void)
+{
+	__atomic_fetch_add(&lock_epoch, 1, __ATOMIC_RELAXED);
+}
+
+static __u32 lock_page_slot(__u64 page, __u32 i)
+{
+	return (__u32)(((page * 0x9e3779b97f4a7c15ULL) >> (64 - LOCK_PAGE_BITS)) + i) & ((1 << LOCK_PAGE_BITS) - 1);
+}
+
+static void lock_page_add(__u64 lock)
+{
+	__u64 page = lock >> 12;
+	for (__u32 i = 0; i < LOCK_PAGE_PROBES; i++) {
+		__u64 *slot = &lock_pages[lock_page_slot(page, i)], have = 0;
+		if (__atomic_compare_exchange_n(slot, &have, page + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			break;
+		if (have == page + 1)
+			return;
+	}
+	/* The bounds only widen, and only at a page's first sighting. */
+	__u64 lo = __atomic_load_n(&lock_page_lo, __ATOMIC_RELAXED);
+	while (page < lo && !__atomic_compare_exchange_n(&lock_page_lo, &lo, page, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	__u64 hi = __atomic_load_n(&lock_page_hi, __ATOMIC_RELAXED);
+	while (page > hi && !__atomic_compare_exchange_n(&lock_page_hi, &hi, page, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+static int lock_page_has(__u64 page)
+{
+	for (__u32 i = 0; i < LOCK_PAGE_PROBES; i++) {
+		__u64 v = __atomic_load_n(&lock_pages[lock_page_slot(page, i)], __ATOMIC_RELAXED);
+		if (v == page + 1)
+			return 1;
+		if (v == 0)
+			return 0;
+	}
+	return 0;
+}
+
+/* A freed chunk of up to this many pages (256 KiB) is checked page by
+ * page; a larger one within the bounds is taken to hold a lock. */
+#define FREE_CHECK_PAGES 64
+
+/* Whether freeing the glibc chunk at p may end a lock's lifetime: a page
+ * it spans holds a lock. The BPF side skips chunks glibc mmapped, whose
+ * munmap it sees and ends the epoch at; the shim's record of that munmap
+ * (rec_free_munmap) does not, so such chunks are checked like any other.
+ * Another allocator's chunk has no size the shim can read, and its free no
+ * size the analysis could end locks by. */
+static int free_covers_lock(__u64 p, __u64 size)
+{
+	if (!p || !size)
+		return 0;
+	__u64 first = p >> 12, last = (p + size - 1) >> 12;
+	if (last < __atomic_load_n(&lock_page_lo, __ATOMIC_RELAXED) ||
+	    first > __atomic_load_n(&lock_page_hi, __ATOMIC_RELAXED))
+		return 0;
+	if (last - first >= FREE_CHECK_PAGES)
+		return 1;
+	for (__u64 page = first; page <= last; page++)
+		if (lock_page_has(page))
+			return 1;
+	return 0;
 }
 
 /* ---- the ring ----------------------------------------------------------- */
@@ -612,6 +713,7 @@ static int held_pop(struct tstate *t, __u64 addr)
 static __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
 {
 	__u64 h = 0xcbf29ce484222325ULL ^ my_pid;
+	h = (h ^ __atomic_load_n(&lock_epoch, __ATOMIC_RELAXED)) * 0x100000001b3ULL;
 	h = (h ^ op) * 0x100000001b3ULL;
 	h = (h ^ lock) * 0x100000001b3ULL;
 	h = (h ^ site) * 0x100000001b3ULL;
@@ -703,10 +805,15 @@ static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 
 		t->alloc_op = op;
 		t->alloc_sp = (__u64)&frame[1];
 	}
-	if (!(cfg_flags & SHM_F_FULL) && !nested && t->held <= 0)
+	/* A free that may end a lock's lifetime is sent: the analysis ends
+	 * the locks in the chunk it names. */
+	int covers = 0;
+	if (!(cfg_flags & SHM_F_FULL) && !nested && op == OP_FREE && (covers = free_covers_lock(addr, size)))
+		lifetime_changed();
+	if (!(cfg_flags & SHM_F_FULL) && !nested && !covers && t->held <= 0)
 		return;
 	__u64 key = 0;
-	if (!nested && dedupable(t)) {
+	if (!nested && !covers && dedupable(t)) {
 		key = pattern_key(t, op, 0, frame[1]);
 		if (pattern_seen(t, key))
 			return;
@@ -757,6 +864,7 @@ static void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 
 	send_with_stack(t, &e, fn, frame);
 	held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
 	t->held++;
+	lock_page_add(lock);
 	if (key)
 		pattern_sent(t, key, e.stack);
 }
@@ -796,23 +904,32 @@ static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, 
 		e.flags |= F_LOCKS_HELD;
 	alloc_context(t, &e);
 	send_with_stack(t, &e, 0, frame);
-	if (e.flags & F_ACQUIRED)
+	if (e.flags & F_ACQUIRED) {
 		held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
+		lock_page_add(lock);
+	}
 }
 
-static void rec_simple(struct tstate *t, __u32 op, __u64 addr, __u64 arg, __u64 fn, __u64 *frame)
+/* An init or destroy: the lock's lifetime ends (re-initialising a live
+ * lock ends it too), so every pattern is new again. An init is sent with
+ * its stack, which names a heap lock, and registers the lock's page; a
+ * destroy goes without, as on the BPF side. */
+static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
+	lifetime_changed();
 	struct event e;
 	event_init(&e, t, op);
-	e.addr = addr;
+	e.addr = lock;
 	e.arg = arg;
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
-	if (frame)
-		send_with_stack(t, &e, fn, frame);
-	else
+	if (!frame) {
 		event_send(&e);
+		return;
+	}
+	send_with_stack(t, &e, fn, frame);
+	lock_page_add(lock);
 }
 
 /* ---- the allocator ------------------------------------------------------ */
@@ -892,6 +1009,49 @@ static size_t chunk_size(void *p)
 	return (((__u64 *)p)[-1] & ~7ULL) - 8;
 }
 
+/* glibc's free gives a chunk it mmapped back with munmap, by a call inside
+ * libc that no interposition sees; a runtime's hook patched into munmap's
+ * entry runs there. The chunk's header says which chunks those are and
+ * where their mapping starts. */
+struct mapping {
+	__u64 addr, len;
+};
+
+static struct mapping mmapped_chunk(void *p)
+{
+	struct mapping m = {0, 0};
+	if (!p || !glibc_free)
+		return m;
+	__u64 hdr = ((__u64 *)p)[-1], prev = ((__u64 *)p)[-2];
+	if (!(hdr & 2)) /* IS_MMAPPED */
+		return m;
+	m.addr = (__u64)p - 16 - prev;
+	m.len = prev + (hdr & ~7ULL);
+	return m;
+}
+
+/* The munmap that free made, sent once free returns (what a hook took
+ * meanwhile is recorded already, as it precedes the system call the BPF
+ * side sees), inside the free, as the BPF side's sys_enter sends every
+ * munmap: the analysis learns the hook ran under the locks held around
+ * free without taking them again. Its stack is free's own, which tells
+ * the analysis glibc holds no arena lock there. Counted as the call it
+ * is; where the kernel's tracepoint is added, hooktrace takes the memory
+ * syscalls' counts from the kernel instead, which sees them all. */
+static void rec_free_munmap(struct tstate *t, struct mapping m, __u64 *frame)
+{
+	count_call(t, OP_MUNMAP);
+	struct event e;
+	event_init(&e, t, OP_MUNMAP);
+	e.addr = m.addr;
+	e.size = m.len;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	e.stack = take_stack(t, (__u64)real.free, frame);
+	event_send(&e);
+}
+
 EXPORT void free(void *p)
 {
 	if (unlikely(is_boot(p)))
@@ -907,9 +1067,15 @@ EXPORT void free(void *p)
 		return;
 	}
 	rec_alloc(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
+	struct mapping unmapped = mmapped_chunk(p);
 	t->alloc_depth++;
 	leave(t);
 	real.free(p);
+	if (unmapped.len && !t->guard) {
+		t->guard = 1;
+		rec_free_munmap(t, unmapped, FRAME);
+		leave(t);
+	}
 	t->alloc_depth--;
 	if (!t->alloc_depth)
 		t->alloc_sp = 0;
@@ -1012,8 +1178,8 @@ EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
 	struct tstate *t = enter_op(OP_MUTEX_INIT);
 	if (t) {
 		/* Read after the init: the kind the attributes gave. */
-		rec_simple(t, OP_MUTEX_INIT, (__u64)m, mutex_kind(OP_MUTEX_INIT, (__u64)m), (__u64)real.mutex_init,
-			   FRAME);
+		rec_lifetime(t, OP_MUTEX_INIT, (__u64)m, mutex_kind(OP_MUTEX_INIT, (__u64)m), (__u64)real.mutex_init,
+			     FRAME);
 		leave(t);
 	}
 	return r;
@@ -1024,7 +1190,7 @@ EXPORT int pthread_mutex_destroy(pthread_mutex_t *m)
 	ENSURE(mutex_destroy);
 	struct tstate *t = enter_op(OP_MUTEX_DESTROY);
 	if (t) {
-		rec_simple(t, OP_MUTEX_DESTROY, (__u64)m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m), 0, NULL);
+		rec_lifetime(t, OP_MUTEX_DESTROY, (__u64)m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m), 0, NULL);
 		leave(t);
 	}
 	return real.mutex_destroy(m);
@@ -1075,6 +1241,33 @@ EXPORT int pthread_rwlock_unlock(pthread_rwlock_t *l)
 	RELEASE(OP_RWLOCK_UNLOCK, rw_unlock, real.rw_unlock(l), l)
 }
 
+/* The preference is read from the lock after the init (glibc copies the
+ * attribute's kind into __flags): what the BPF side reads from the
+ * attribute at entry, and the default's 0 without one. */
+EXPORT int pthread_rwlock_init(pthread_rwlock_t *l, const pthread_rwlockattr_t *a)
+{
+	ENSURE(rw_init);
+	int r = real.rw_init(l, a);
+	struct tstate *t = enter_op(OP_RWLOCK_INIT);
+	if (t) {
+		rec_lifetime(t, OP_RWLOCK_INIT, (__u64)l, *(__u32 *)((__u64)l + GLIBC_RWLOCK_FLAGS_OFFSET),
+			     (__u64)real.rw_init, FRAME);
+		leave(t);
+	}
+	return r;
+}
+
+EXPORT int pthread_rwlock_destroy(pthread_rwlock_t *l)
+{
+	ENSURE(rw_destroy);
+	struct tstate *t = enter_op(OP_RWLOCK_DESTROY);
+	if (t) {
+		rec_lifetime(t, OP_RWLOCK_DESTROY, (__u64)l, 0, 0, NULL);
+		leave(t);
+	}
+	return real.rw_destroy(l);
+}
+
 EXPORT int pthread_spin_lock(pthread_spinlock_t *l)
 {
 	ACQUIRE(OP_SPIN_LOCK, spin_lock, real.spin_lock(l), l)
@@ -1088,6 +1281,33 @@ EXPORT int pthread_spin_trylock(pthread_spinlock_t *l)
 EXPORT int pthread_spin_unlock(pthread_spinlock_t *l)
 {
 	RELEASE(OP_SPIN_UNLOCK, spin_unlock, real.spin_unlock(l), l)
+}
+
+/* glibc 2.36's pthread_spin_init is pthread_spin_unlock's code; the BPF
+ * side, which sees one address, tells them apart by whether the thread
+ * holds the lock. The shim is called by name, so each counts as what the
+ * program called. */
+EXPORT int pthread_spin_init(pthread_spinlock_t *l, int pshared)
+{
+	ENSURE(spin_init);
+	int r = real.spin_init(l, pshared);
+	struct tstate *t = enter_op(OP_SPIN_INIT);
+	if (t) {
+		rec_lifetime(t, OP_SPIN_INIT, (__u64)l, 0, (__u64)real.spin_init, FRAME);
+		leave(t);
+	}
+	return r;
+}
+
+EXPORT int pthread_spin_destroy(pthread_spinlock_t *l)
+{
+	ENSURE(spin_destroy);
+	struct tstate *t = enter_op(OP_SPIN_DESTROY);
+	if (t) {
+		rec_lifetime(t, OP_SPIN_DESTROY, (__u64)l, 0, 0, NULL);
+		leave(t);
+	}
+	return real.spin_destroy(l);
 }
 
 /* cond_wait releases its mutex at entry and holds it again at return,
@@ -1121,6 +1341,7 @@ static void cond_return(struct tstate *t, __u32 op, pthread_cond_t *c, pthread_m
 	alloc_context(t, &e);
 	send_with_stack(t, &e, 0, frame);
 	held_push(t, (__u64)m, OP_MUTEX_LOCK, 0, e.stack, e.time, 1);
+	lock_page_add((__u64)m);
 }
 
 #define COND(op, field, call)                                  \
