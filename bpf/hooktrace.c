@@ -81,6 +81,10 @@ struct thread_state {
 	 * own unwinder (bpf_get_stack) puts back. */
 	__u32 uret_pending;
 	__u32 nheld; /* entries in held_locks; held counts all, this the first MAX_HELD */
+	/* The process whose allocator range this thread saw registered: saves
+	 * a map lookup per allocator call. Cleared at exec (a new image). */
+	__u32 range_pid;
+	__u32 unused;
 	struct held_lock held_locks[MAX_HELD];
 	/* The last patterns this thread found in seen_acq, by key & 3: a hot
 	 * loop repeats a few patterns, and this saves the shared map lookup. */
@@ -122,11 +126,30 @@ struct {
 	__type(value, __u8);
 } lock_pages SEC(".maps");
 
+/* A filter in front of lock_pages, one bit per hash of (process, page),
+ * never cleared: most freed chunks share no page with any lock, and this
+ * tells them so without a hash-map lookup. A set bit only means "look". */
+#define LOCK_PAGE_BITS (1 << 16)
+__u64 lock_page_filter[LOCK_PAGE_BITS / 64];
+
+static __always_inline __u32 lock_page_bit(__u32 pid, __u64 page)
+{
+	return (__u32)(((page ^ ((__u64)pid << 40)) * 0x9e3779b97f4a7c15ULL) >> 48) & (LOCK_PAGE_BITS - 1);
+}
+
+static __always_inline int lock_page_maybe(__u32 pid, __u64 page)
+{
+	__u32 bit = lock_page_bit(pid, page);
+	return (lock_page_filter[bit / 64] >> (bit % 64)) & 1;
+}
+
 static __always_inline void lock_page_add(__u32 pid, __u64 lock)
 {
 	struct page_key k = {.pid = pid, .pad = 0, .page = lock >> 12};
 	__u8 one = 1;
 	bpf_map_update_elem(&lock_pages, &k, &one, BPF_ANY);
+	__u32 bit = lock_page_bit(pid, lock >> 12);
+	__sync_fetch_and_or(&lock_page_filter[bit / 64], 1ULL << (bit % 64));
 }
 
 /* Whether freeing the chunk at p may end a lock's lifetime: a page it spans
@@ -149,6 +172,8 @@ static __always_inline int free_covers_lock(__u32 pid, __u64 p)
 	for (__u32 i = 0; i < FREE_PAGES; i++) {
 		if (first + i > last)
 			break;
+		if (!lock_page_maybe(pid, first + i))
+			continue;
 		struct page_key k = {.pid = pid, .pad = 0, .page = first + i};
 		if (bpf_map_lookup_elem(&lock_pages, &k))
 			return 1;
@@ -312,6 +337,10 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
 	if (!st->alloc_sp)
 		return 0;
 	__u64 v = 0;
+	/* A call made inside the allocator call has its return slot below
+	 * the allocator's: a probe passes its own return slot as sp, so the
+	 * next call from the same frame (the usual case: malloc, then free,
+	 * then a lock) is told apart without reading the stack. */
 	if (sp >= st->alloc_sp ||
 	    bpf_probe_read_user(&v, sizeof(v), (void *)st->alloc_sp) ||
 	    v != st->alloc_ret || !alloc_frame_between(pid, sp, st->alloc_sp)) {
@@ -816,13 +845,14 @@ int uprobe_hook(struct pt_regs *ctx)
 
 	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
 		__u32 pid = id >> 32;
-		if (COOKIE_RANGE_LEN(cookie) && !bpf_map_lookup_elem(&alloc_ranges, &pid)) {
+		if (COOKIE_RANGE_LEN(cookie) && st->range_pid != pid) {
 			struct alloc_range r;
 			r.lo = PT_REGS_IP(ctx) - COOKIE_RANGE_BACK(cookie);
 			r.hi = r.lo + COOKIE_RANGE_LEN(cookie);
 			bpf_map_update_elem(&alloc_ranges, &pid, &r, BPF_NOEXIST);
+			st->range_pid = pid;
 		}
-		int nested = in_alloc(st, pid, sp);
+		int nested = in_alloc(st, pid, ret_slot);
 		__u64 outer = st->alloc_op | ((__u64)st->alloc_seq << 16);
 		if (!nested) {
 			st->alloc_seq++;
@@ -896,7 +926,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->arg = COOKIE_USER(cookie);
-		alloc_context(e, st, sp);
+		alloc_context(e, st, ret_slot);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
 		send_with_stack(ctx, e, ctx, ret_slot, st);
@@ -950,7 +980,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		/* A pattern seen before is only counted, unless a hook takes
 		 * it inside the allocator (those carry the arena question). */
 		__u64 key = 0;
-		if (dedupable(st) && st->nheld < MAX_HELD && !in_alloc(st, id >> 32, sp)) {
+		if (dedupable(st) && st->nheld < MAX_HELD && !in_alloc(st, id >> 32, ret_slot)) {
 			/* As lockdep's chain key: the lock and what is held, not
 			 * the call site (its read would cost as much as the rest). */
 			key = pattern_key(st, id >> 32, op, lock, 0);
@@ -970,7 +1000,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
 		e->flags |= F_ACQUIRED;
-		alloc_context(e, st, sp);
+		alloc_context(e, st, ret_slot);
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
 		st->held++;
@@ -1202,6 +1232,11 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	*state = TRACED;
 	/* A new image: the allocator is elsewhere now, and every lock is new. */
 	bpf_map_delete_elem(&alloc_ranges, &pid);
+	struct thread_state *st = thread_find();
+	if (st) {
+		st->range_pid = 0;
+		st->alloc_sp = 0;
+	}
 	__sync_fetch_and_add(&lock_epoch, 1);
 	if (!tracing_on)
 		return 0;
