@@ -67,6 +67,11 @@ static __always_inline int current_traced(__u64 *id)
 	return tracing_on && is_traced(*id >> 32);
 }
 
+/* Patterns a thread remembers itself (a power of two): a registration
+ * cache's hot loop has a few dozen (each lock, and each allocator call site
+ * under each lock). */
+#define PATTERN_CACHE 64
+
 struct thread_state {
 	__u64 alloc_sp;  /* where the outermost live allocator call's return address is */
 	__u64 alloc_ret; /* ... and that return address */
@@ -86,10 +91,10 @@ struct thread_state {
 	__u32 range_pid;
 	__u32 unused;
 	struct held_lock held_locks[MAX_HELD];
-	/* The last patterns this thread found in seen_acq, by key & 3: a hot
+	/* The last patterns this thread found in seen_acq, by key's low bits: a hot
 	 * loop repeats a few patterns, and this saves the shared map lookup. */
-	__u64 cache_key[4];
-	__u64 cache_stack[4];
+	__u64 cache_key[PATTERN_CACHE];
+	__u64 cache_stack[PATTERN_CACHE];
 	/* The last acquisition at a site that can fire twice in one call. */
 	__u64 refire_lock, refire_sp, refire_ret;
 };
@@ -707,7 +712,7 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
  * cache; returns the stack hash it was sent with, or 0 when it is new. */
 static __always_inline __u64 pattern_seen(struct thread_state *st, __u64 key)
 {
-	__u32 i = key & 3;
+	__u32 i = key & (PATTERN_CACHE - 1);
 	if (st->cache_key[i] == key)
 		return st->cache_stack[i];
 	__u64 *stack = bpf_map_lookup_elem(&seen_acq, &key);
@@ -721,7 +726,7 @@ static __always_inline __u64 pattern_seen(struct thread_state *st, __u64 key)
 static __always_inline void pattern_sent(struct thread_state *st, __u64 key, __u64 stack)
 {
 	bpf_map_update_elem(&seen_acq, &key, &stack, BPF_ANY);
-	__u32 i = key & 3;
+	__u32 i = key & (PATTERN_CACHE - 1);
 	st->cache_key[i] = key;
 	st->cache_stack[i] = stack | (1ULL << 62);
 }
@@ -857,7 +862,11 @@ int uprobe_hook(struct pt_regs *ctx)
 		if (!nested) {
 			st->alloc_seq++;
 			st->alloc_sp = ret_slot;
-			bpf_probe_read_user(&st->alloc_ret, sizeof(st->alloc_ret), (void *)ret_slot);
+			/* Into the stack, then the map: a copy into map memory pays
+			 * the kernel's heap-object checks on every call. */
+			__u64 ret = 0;
+			bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
+			st->alloc_ret = ret;
 			st->alloc_op = op;
 		}
 		int covers = 0;

@@ -200,8 +200,8 @@ type hooktraceThreadState struct {
 		Op    uint16
 		Sent  uint16
 	}
-	CacheKey   [4]uint64
-	CacheStack [4]uint64
+	CacheKey   [64]uint64
+	CacheStack [64]uint64
 	RefireLock uint64
 	RefireSp   uint64
 	RefireRet  uint64
