@@ -67,6 +67,11 @@ static __always_inline int current_traced(__u64 *id)
 	return tracing_on && is_traced(*id >> 32);
 }
 
+/* Patterns a thread remembers itself (a power of two): a registration
+ * cache's hot loop has a few dozen (each lock, and each allocator call site
+ * under each lock). */
+#define PATTERN_CACHE 64
+
 struct thread_state {
 	__u64 alloc_sp;  /* where the outermost live allocator call's return address is */
 	__u64 alloc_ret; /* ... and that return address */
@@ -81,11 +86,15 @@ struct thread_state {
 	 * own unwinder (bpf_get_stack) puts back. */
 	__u32 uret_pending;
 	__u32 nheld; /* entries in held_locks; held counts all, this the first MAX_HELD */
+	/* The process whose allocator range this thread saw registered: saves
+	 * a map lookup per allocator call. Cleared at exec (a new image). */
+	__u32 range_pid;
+	__u32 unused;
 	struct held_lock held_locks[MAX_HELD];
-	/* The last patterns this thread found in seen_acq, by key & 3: a hot
+	/* The last patterns this thread found in seen_acq, by key's low bits: a hot
 	 * loop repeats a few patterns, and this saves the shared map lookup. */
-	__u64 cache_key[4];
-	__u64 cache_stack[4];
+	__u64 cache_key[PATTERN_CACHE];
+	__u64 cache_stack[PATTERN_CACHE];
 	/* The last acquisition at a site that can fire twice in one call. */
 	__u64 refire_lock, refire_sp, refire_ret;
 };
@@ -122,11 +131,30 @@ struct {
 	__type(value, __u8);
 } lock_pages SEC(".maps");
 
+/* A filter in front of lock_pages, one bit per hash of (process, page),
+ * never cleared: most freed chunks share no page with any lock, and this
+ * tells them so without a hash-map lookup. A set bit only means "look". */
+#define LOCK_PAGE_BITS (1 << 16)
+__u64 lock_page_filter[LOCK_PAGE_BITS / 64];
+
+static __always_inline __u32 lock_page_bit(__u32 pid, __u64 page)
+{
+	return (__u32)(((page ^ ((__u64)pid << 40)) * 0x9e3779b97f4a7c15ULL) >> 48) & (LOCK_PAGE_BITS - 1);
+}
+
+static __always_inline int lock_page_maybe(__u32 pid, __u64 page)
+{
+	__u32 bit = lock_page_bit(pid, page);
+	return (lock_page_filter[bit / 64] >> (bit % 64)) & 1;
+}
+
 static __always_inline void lock_page_add(__u32 pid, __u64 lock)
 {
 	struct page_key k = {.pid = pid, .pad = 0, .page = lock >> 12};
 	__u8 one = 1;
 	bpf_map_update_elem(&lock_pages, &k, &one, BPF_ANY);
+	__u32 bit = lock_page_bit(pid, lock >> 12);
+	__sync_fetch_and_or(&lock_page_filter[bit / 64], 1ULL << (bit % 64));
 }
 
 /* Whether freeing the chunk at p may end a lock's lifetime: a page it spans
@@ -149,6 +177,8 @@ static __always_inline int free_covers_lock(__u32 pid, __u64 p)
 	for (__u32 i = 0; i < FREE_PAGES; i++) {
 		if (first + i > last)
 			break;
+		if (!lock_page_maybe(pid, first + i))
+			continue;
 		struct page_key k = {.pid = pid, .pad = 0, .page = first + i};
 		if (bpf_map_lookup_elem(&lock_pages, &k))
 			return 1;
@@ -312,6 +342,10 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
 	if (!st->alloc_sp)
 		return 0;
 	__u64 v = 0;
+	/* A call made inside the allocator call has its return slot below
+	 * the allocator's: a probe passes its own return slot as sp, so the
+	 * next call from the same frame (the usual case: malloc, then free,
+	 * then a lock) is told apart without reading the stack. */
 	if (sp >= st->alloc_sp ||
 	    bpf_probe_read_user(&v, sizeof(v), (void *)st->alloc_sp) ||
 	    v != st->alloc_ret || !alloc_frame_between(pid, sp, st->alloc_sp)) {
@@ -678,7 +712,7 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
  * cache; returns the stack hash it was sent with, or 0 when it is new. */
 static __always_inline __u64 pattern_seen(struct thread_state *st, __u64 key)
 {
-	__u32 i = key & 3;
+	__u32 i = key & (PATTERN_CACHE - 1);
 	if (st->cache_key[i] == key)
 		return st->cache_stack[i];
 	__u64 *stack = bpf_map_lookup_elem(&seen_acq, &key);
@@ -692,7 +726,7 @@ static __always_inline __u64 pattern_seen(struct thread_state *st, __u64 key)
 static __always_inline void pattern_sent(struct thread_state *st, __u64 key, __u64 stack)
 {
 	bpf_map_update_elem(&seen_acq, &key, &stack, BPF_ANY);
-	__u32 i = key & 3;
+	__u32 i = key & (PATTERN_CACHE - 1);
 	st->cache_key[i] = key;
 	st->cache_stack[i] = stack | (1ULL << 62);
 }
@@ -816,18 +850,23 @@ int uprobe_hook(struct pt_regs *ctx)
 
 	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
 		__u32 pid = id >> 32;
-		if (COOKIE_RANGE_LEN(cookie) && !bpf_map_lookup_elem(&alloc_ranges, &pid)) {
+		if (COOKIE_RANGE_LEN(cookie) && st->range_pid != pid) {
 			struct alloc_range r;
 			r.lo = PT_REGS_IP(ctx) - COOKIE_RANGE_BACK(cookie);
 			r.hi = r.lo + COOKIE_RANGE_LEN(cookie);
 			bpf_map_update_elem(&alloc_ranges, &pid, &r, BPF_NOEXIST);
+			st->range_pid = pid;
 		}
-		int nested = in_alloc(st, pid, sp);
+		int nested = in_alloc(st, pid, ret_slot);
 		__u64 outer = st->alloc_op | ((__u64)st->alloc_seq << 16);
 		if (!nested) {
 			st->alloc_seq++;
 			st->alloc_sp = ret_slot;
-			bpf_probe_read_user(&st->alloc_ret, sizeof(st->alloc_ret), (void *)ret_slot);
+			/* Into the stack, then the map: a copy into map memory pays
+			 * the kernel's heap-object checks on every call. */
+			__u64 ret = 0;
+			bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
+			st->alloc_ret = ret;
 			st->alloc_op = op;
 		}
 		int covers = 0;
@@ -896,7 +935,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->arg = COOKIE_USER(cookie);
-		alloc_context(e, st, sp);
+		alloc_context(e, st, ret_slot);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
 		send_with_stack(ctx, e, ctx, ret_slot, st);
@@ -950,7 +989,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		/* A pattern seen before is only counted, unless a hook takes
 		 * it inside the allocator (those carry the arena question). */
 		__u64 key = 0;
-		if (dedupable(st) && st->nheld < MAX_HELD && !in_alloc(st, id >> 32, sp)) {
+		if (dedupable(st) && st->nheld < MAX_HELD && !in_alloc(st, id >> 32, ret_slot)) {
 			/* As lockdep's chain key: the lock and what is held, not
 			 * the call site (its read would cost as much as the rest). */
 			key = pattern_key(st, id >> 32, op, lock, 0);
@@ -970,7 +1009,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
 		e->flags |= F_ACQUIRED;
-		alloc_context(e, st, sp);
+		alloc_context(e, st, ret_slot);
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
 		st->held++;
@@ -1202,6 +1241,11 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	*state = TRACED;
 	/* A new image: the allocator is elsewhere now, and every lock is new. */
 	bpf_map_delete_elem(&alloc_ranges, &pid);
+	struct thread_state *st = thread_find();
+	if (st) {
+		st->range_pid = 0;
+		st->alloc_sp = 0;
+	}
 	__sync_fetch_and_add(&lock_epoch, 1);
 	if (!tracing_on)
 		return 0;

@@ -189,6 +189,8 @@ type hooktraceThreadState struct {
 	AllocSeq    uint32
 	UretPending uint32
 	Nheld       uint32
+	RangePid    uint32
+	Unused      uint32
 	HeldLocks   [8]struct {
 		_     structs.HostLayout
 		Addr  uint64
@@ -198,8 +200,8 @@ type hooktraceThreadState struct {
 		Op    uint16
 		Sent  uint16
 	}
-	CacheKey   [4]uint64
-	CacheStack [4]uint64
+	CacheKey   [64]uint64
+	CacheStack [64]uint64
 	RefireLock uint64
 	RefireSp   uint64
 	RefireRet  uint64
@@ -287,6 +289,7 @@ type hooktraceVariableSpecs struct {
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
 	FullMode           *ebpf.VariableSpec `ebpf:"full_mode"`
 	LockEpoch          *ebpf.VariableSpec `ebpf:"lock_epoch"`
+	LockPageFilter     *ebpf.VariableSpec `ebpf:"lock_page_filter"`
 	TracingOn          *ebpf.VariableSpec `ebpf:"tracing_on"`
 	UnusedCookieLayout *ebpf.VariableSpec `ebpf:"unused_cookie_layout"`
 	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -359,6 +362,7 @@ type hooktraceVariables struct {
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
 	FullMode           *ebpf.Variable `ebpf:"full_mode"`
 	LockEpoch          *ebpf.Variable `ebpf:"lock_epoch"`
+	LockPageFilter     *ebpf.Variable `ebpf:"lock_page_filter"`
 	TracingOn          *ebpf.Variable `ebpf:"tracing_on"`
 	UnusedCookieLayout *ebpf.Variable `ebpf:"unused_cookie_layout"`
 	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
