@@ -76,6 +76,7 @@ static struct {
 	int (*create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 	void (*exit)(void *) __attribute__((noreturn));
 	pid_t (*fork)(void);
+	pid_t (*_Fork)(void);
 	pid_t (*vfork)(void);
 	int (*execve)(const char *, char *const[], char *const[]);
 	int (*execvpe)(const char *, char *const[], char *const[]);
@@ -155,6 +156,7 @@ static void resolve_real(void)
 	RESOLVE(create, "pthread_create");
 	RESOLVE(exit, "pthread_exit");
 	RESOLVE(fork, "fork");
+	RESOLVE(_Fork, "_Fork");
 	RESOLVE(vfork, "vfork");
 	RESOLVE(execve, "execve");
 	RESOLVE(execvpe, "execvpe");
@@ -261,6 +263,20 @@ static __thread struct {
 		size_t map_len;
 	} levels[VFORK_LEVELS];
 } vf __attribute__((tls_model("initial-exec")));
+
+/* This thread is inside fork: the child's fork handlers run before fork
+ * returns to it, so a call seen here may be the child's, which must not
+ * be recorded as the parent's. */
+static __thread int forking __attribute__((tls_model("initial-exec")));
+static void after_fork_child(void);
+
+/* Who forks, for the creation record: the parent writes it when the child
+ * does not record; a child that records writes it itself, before any
+ * record of its own, so the creation comes first in the ring. */
+static __thread struct {
+	__u32 pid, tid;
+	__u64 stack;
+} fork_from __attribute__((tls_model("initial-exec")));
 
 static struct tstate *tstate_self(void)
 {
@@ -381,8 +397,9 @@ static int write_begin(void)
 {
 	__u32 *flag = ts.writing;
 	if (likely(flag != NULL)) {
-		__atomic_store_n(flag, 1, __ATOMIC_RELAXED);
-		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		/* An exchange, for the full barrier before closing_tid is read
+		 * (cheaper than a store and mfence). */
+		__atomic_exchange_n(flag, 1, __ATOMIC_SEQ_CST);
 	} else {
 		__atomic_fetch_add(&writing_shared, 1, __ATOMIC_SEQ_CST);
 	}
@@ -548,6 +565,8 @@ static struct tstate *enter(void)
 		if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)
 			return NULL;
 	}
+	if (unlikely(forking) && (__u32)getpid() != my_pid)
+		after_fork_child();
 	if (!active)
 		return NULL;
 	t->guard = 1;
@@ -1479,16 +1498,23 @@ EXPORT void _Exit(int status)
 
 /* The creation of a process, as the BPF side's sched_process_fork reports
  * it: by the parent, naming the child. */
-static void process_created(struct tstate *t, pid_t child, __u64 fn, __u64 *frame)
+static void process_created_from(struct tstate *t, __u32 pid, __u32 tid, pid_t child, __u64 stack)
 {
 	count_call(t, OP_THREAD_CREATE);
 	struct event e;
 	event_init(&e, t, OP_THREAD_CREATE);
+	e.pid = pid;
+	e.tid = tid;
 	e.flags = F_PROCESS;
 	e.arg = (__u64)child;
 	e.addr = (__u64)child;
-	e.stack = take_stack(t, fn, frame);
+	e.stack = stack;
 	event_send(&e);
+}
+
+static void process_created(struct tstate *t, pid_t child, __u64 fn, __u64 *frame)
+{
+	process_created_from(t, my_pid, t->tid, child, take_stack(t, fn, frame));
 }
 
 /* In a child of fork: state starts afresh (the thread's held set and
@@ -1496,34 +1522,76 @@ static void process_created(struct tstate *t, pid_t child, __u64 fn, __u64 *fram
  * not in the child), and without follow-forks the child records nothing. */
 static void after_fork_child(void)
 {
+	forking = 0;
 	my_pid = getpid();
 	active = shm && (cfg_flags & SHM_F_FOLLOW);
 	ts.inited = 0;
 	ts.guard = 0;
-	memset(writing, 0, sizeof(writing));
+	/* Only the flags that are set are written: the others stay shared
+	 * with the parent, copied by no write. */
+	for (__u32 i = 0; i < SHM_SLOTS; i++)
+		if (writing[i].v)
+			writing[i].v = 0;
 	writing_shared = 0;
 	closing_tid = 0;
 	reader_stalled = 0;
+	if (active && fork_from.tid) {
+		int saved = errno;
+		ts.guard = 1;
+		thread_init(&ts);
+		process_created_from(&ts, fork_from.pid, fork_from.tid, (pid_t)my_pid, fork_from.stack);
+		ts.guard = 0;
+		errno = saved;
+	}
 }
+
+#define FORK(field)                                                            \
+	ENSURE(field);                                                         \
+	if (!real.field) {                                                     \
+		errno = ENOSYS;                                                \
+		return -1;                                                     \
+	}                                                                      \
+	fork_from.tid = 0;                                                     \
+	struct tstate *t = enter();                                            \
+	if (t) {                                                               \
+		fork_from.pid = my_pid;                                        \
+		fork_from.tid = t->tid;                                        \
+		fork_from.stack = take_stack(t, (__u64)real.field, FRAME);     \
+		leave(t);                                                      \
+	}                                                                      \
+	forking = 1;                                                           \
+	pid_t r = real.field();                                                \
+	if (r == 0) {                                                          \
+		if (forking) /* not yet done by a fork handler's call */     \
+			after_fork_child();                                    \
+		return 0;                                                      \
+	}                                                                      \
+	forking = 0;                                                           \
+	if (r > 0 && fork_from.tid && !(cfg_flags & SHM_F_FOLLOW)) {           \
+		int saved = errno;                                             \
+		t = enter();                                                   \
+		if (t) {                                                       \
+			process_created_from(t, fork_from.pid, fork_from.tid, r, fork_from.stack); \
+			leave(t);                                              \
+		}                                                              \
+		errno = saved;                                                 \
+	}                                                                      \
+	return r;
 
 EXPORT pid_t fork(void)
 {
-	ENSURE(fork);
-	pid_t r = real.fork();
-	if (r == 0) {
-		after_fork_child();
-		return 0;
-	}
-	if (r > 0) {
-		int saved = errno;
-		struct tstate *t = enter();
-		if (t) {
-			process_created(t, r, (__u64)real.fork, FRAME);
-			leave(t);
-		}
-		errno = saved;
-	}
-	return r;
+	FORK(fork)
+}
+
+EXPORT pid_t __fork(void)
+{
+	FORK(fork)
+}
+
+/* fork without the fork handlers (async-signal-safe). */
+EXPORT pid_t _Fork(void)
+{
+	FORK(_Fork)
 }
 
 /* vfork keeps its semantics (the child borrows the parent's memory and
@@ -1589,8 +1657,11 @@ __attribute__((used, visibility("hidden"))) struct vfork_back vfork_leave(__s64 
  * address popped. */
 __asm__(".text\n"
 	".globl vfork\n"
+	".globl __vfork\n"
 	".type vfork,@function\n"
+	".type __vfork,@function\n"
 	"vfork:\n"
+	"__vfork:\n"
 	"\tpop %rdi\n"
 	"\tcall vfork_enter\n"
 	"\tcall *%rax\n"
@@ -1599,7 +1670,8 @@ __asm__(".text\n"
 	"\tpush %rax\n"
 	"\tmov %rdx, %rax\n"
 	"\tret\n"
-	".size vfork, .-vfork\n");
+	".size vfork, .-vfork\n"
+	".size __vfork, .-__vfork\n");
 
 /* ---- exec --------------------------------------------------------------- */
 
