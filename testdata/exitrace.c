@@ -1,6 +1,6 @@
 /* The process ends while its other threads are busy: "exit" calls exit(),
- * "_exit" calls _exit(), from the main thread, once every worker has made
- * some calls. The workers lock, allocate and unlock without end, so the
+ * "_exit" calls _exit(), "exec PROG" replaces the image with PROG, from
+ * the main thread, once every worker has made some calls. The workers lock, allocate and unlock without end, so the
  * end comes in the middle of their calls. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -40,5 +40,9 @@ int main(int argc, char **argv)
 			sched_yield();
 	if (strcmp(argv[1], "_exit") == 0)
 		_exit(0);
+	if (strcmp(argv[1], "exec") == 0 && argc > 2) {
+		execv(argv[2], argv + 2);
+		return 127;
+	}
 	exit(0);
 }

@@ -164,6 +164,10 @@ func TestPreloadVfork(t *testing.T) {
 		{"exec", false, []string{"exec", inversion}, []string{vfCycle}, 6, 1},
 		// The child's image: 4 locks, 2 threads, and an exec.
 		{"exec followed", true, []string{"exec", inversion}, []string{inversionCycle, vfCycle}, 10, 3},
+		// An environment too large for the recorder's stack buffer: the
+		// child's exec maps one, and the parent, which would keep it,
+		// unmaps it (the program checks its mappings).
+		{"exec large followed", true, []string{"exec-large", inversion}, []string{inversionCycle, vfCycle}, 10, 3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -217,28 +221,33 @@ func TestPreloadCondWaitCancelled(t *testing.T) {
 	})
 }
 
-// TestPreloadProcessEndsWithThreads: the process ends (exit, _exit) while
-// three threads lock and allocate without end; in full mode every call is
-// a record, so the end comes in the middle of some. What was recorded all
-// arrives, and the report is complete. Three runs each: the end's moment
-// is the scheduler's.
+// TestPreloadProcessEndsWithThreads: the image ends (exit, _exit, exec)
+// while three threads lock and allocate without end; in full mode every
+// call is a record, so the end comes in the middle of some. What was
+// recorded all arrives, and the report is complete. Three runs each: the
+// end's moment is the scheduler's.
 func TestPreloadProcessEndsWithThreads(t *testing.T) {
-	prog := testenv.Program(t, "exitrace")
-	for _, end := range []string{"exit", "_exit"} {
-		t.Run(end, func(t *testing.T) {
+	prog, inversion := testenv.Program(t, "exitrace"), testenv.Program(t, "inversion")
+	for _, end := range [][]string{{"exit"}, {"_exit"}, {"exec", inversion}} {
+		var cycles []string
+		if end[0] == "exec" {
+			cycles = []string{inversionCycle}
+		}
+		t.Run(end[0], func(t *testing.T) {
 			for range 3 {
-				p := traceProc(t, "preload", []string{"--mode", "full"}, prog, end)
+				p := traceProc(t, "preload", []string{"--mode", "full"}, prog, end...)
 				// Every worker made 1000 rounds of two locks first.
-				if calls := p.rep.Stats.Calls; calls["thread_create"] != 3 || calls["pthread_mutex_lock"] < 6000 ||
-					p.rep.Stats.Events < 6000 {
-					t.Errorf("calls %v, %d events: want 3 threads, 6000 locks and as many events at least", calls, p.rep.Stats.Events)
+				if calls := p.rep.Stats.Calls; calls["pthread_mutex_lock"] < 6000 || p.rep.Stats.Events < 6000 ||
+					!slices.Equal(p.cycles, cycles) {
+					t.Errorf("calls %v, %d events, cycles %q: want 6000 locks and as many events at least, cycles %q",
+						calls, p.rep.Stats.Events, p.cycles, cycles)
 				}
 			}
 			t.Run("ebpf", func(t *testing.T) {
 				testenv.RequireBPF(t)
-				e := traceProc(t, "ebpf", []string{"--mode", "full"}, prog, end)
-				if e.rep.Stats.Calls["thread_create"] != 3 {
-					t.Errorf("ebpf: calls %v", e.rep.Stats.Calls)
+				e := traceProc(t, "ebpf", []string{"--mode", "full"}, prog, end...)
+				if !slices.Equal(e.cycles, cycles) || e.rep.Stats.Calls["pthread_mutex_lock"] < 6000 {
+					t.Errorf("ebpf: calls %v, cycles %q", e.rep.Stats.Calls, e.cycles)
 				}
 			})
 		})
