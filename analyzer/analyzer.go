@@ -220,7 +220,11 @@ func (a *Analyzer) event(e *events.Event) {
 	case op.IsLockAcquire():
 		a.acquire(t, e, inAlloc)
 	case op.IsUnlock():
-		if !t.release(e.Addr, false) {
+		if t.waitingOn != 0 && t.waitingOn == e.Addr && t.findHeld(e.Addr) < 0 {
+			// The unlock of a wait left by cancellation (see waitingOn):
+			// a recorder that sees returns only sees the wait's entry.
+			t.waitingOn = 0
+		} else if !t.release(e.Addr, false) {
 			a.unheldUnlock(t, e, e.Addr)
 		}
 	case op.IsMemSyscall():
@@ -246,8 +250,10 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 			if !t.release(e.Addr2, true) {
 				a.unheldUnlock(t, e, e.Addr2)
 			}
+			t.waitingOn = e.Addr2
 		} else {
 			// It is taken back whatever the result (a timeout too).
+			t.waitingOn = 0
 			a.condRetake(t, e, inAlloc)
 		}
 	case events.OpProbeEnter:

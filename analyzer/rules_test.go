@@ -313,6 +313,26 @@ func ruleCases() []ruleCase {
 			},
 		},
 		{
+			name: "a wait left by cancellation: its cleanup handler's unlock is consistent",
+			build: func(b *tracebuild.Trace) {
+				lk(b, 1, lockM, "waiter")
+				b.CondWait(1, condV, lockM)
+				// No return: the thread was cancelled in the wait, got
+				// the mutex back, and its cleanup handler unlocks it.
+				b.Unlock(1, lockM)
+				b.Event(events.Event{TID: 1, Op: events.OpThreadExit})
+				// An unlock of a mutex not held is still one.
+				lk(b, 2, lockA, "twice")
+				b.Unlock(2, lockA).Unlock(2, lockA)
+			},
+			want: []want{{KindTraceInconsistency, SeverityWarning}},
+			check: func(t *testing.T, res *Result) {
+				if c := res.Stats.TraceChecks; c.UnheldUnlocks != 1 || res.Stats.UnbalancedUnlocks != 1 {
+					t.Errorf("checks %+v, unbalanced %d: want the second unlock of lock_a", c, res.Stats.UnbalancedUnlocks)
+				}
+			},
+		},
+		{
 			name: "recursive mutex taken twice",
 			build: func(b *tracebuild.Trace) {
 				b.LockKind(1, lockM, events.MutexRecursive, "pthread_mutex_lock"+libc, "outer")

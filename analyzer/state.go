@@ -73,6 +73,12 @@ type thread struct {
 
 	hook hookContext
 
+	// The mutex of the condition wait the thread entered and has not
+	// returned from: a wait left by cancellation never returns, but its
+	// mutex is taken back before the cleanup handlers run, and one of
+	// them usually unlocks it.
+	waitingOn uint64
+
 	prev       prevEvent     // the thread's latest event
 	outlived   *selfSighting // a self-deadlock the thread's next event contradicts
 	selfBefore prevEvent     // the event before that self-deadlock
@@ -132,6 +138,7 @@ func (t *thread) exit() {
 	t.probesInAlloc = 0
 	t.allocOp = events.OpNone
 	t.hook.reset()
+	t.waitingOn = 0
 }
 
 // acquisition describes one lock being taken, for the shared code of lock

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -40,9 +41,38 @@ func RunGate(args []string) {
 		fmt.Fprintf(os.Stderr, "hooktrace: %v\n", err)
 		os.Exit(127)
 	}
-	err = syscall.Exec(path, args, os.Environ())
+	err = syscall.Exec(path, args, targetEnv(os.Environ()))
 	fmt.Fprintf(os.Stderr, "hooktrace: exec %s: %v\n", path, err)
 	os.Exit(127)
+}
+
+// gatePreload carries the target's LD_PRELOAD through the gate: the gate
+// is hooktrace's own binary, and what the target preloads (a recorder, an
+// allocator) must not load into it, nor record it as the target.
+const gatePreload = "HOOKTRACE_GATE_LD_PRELOAD="
+
+// gateEnv is the gate's environment for a target's env.
+func gateEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "LD_PRELOAD="); ok {
+			kv = gatePreload + v
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// targetEnv undoes gateEnv.
+func targetEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, gatePreload); ok {
+			kv = "LD_PRELOAD=" + v
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // Gated is a started target held before its exec.
@@ -84,7 +114,10 @@ func StartEnv(argv, env []string, extra []*os.File) (*Gated, error) {
 	cmd := exec.Command(self, append([]string{GateArg}, argv...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = append([]*os.File{r}, extra...)
-	cmd.Env = env
+	if env == nil {
+		env = os.Environ()
+	}
+	cmd.Env = gateEnv(env)
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		w.Close()

@@ -265,7 +265,9 @@ func (p *Preload) On() error {
 	return nil
 }
 
-// Exec is a no-op: the shim in the new image starts with an exec record.
+// Exec is a no-op: the shim in the new image starts with an exec record
+// (the shim's exec wrappers put the library back into an environment that
+// dropped it, so every image of a recorded process records).
 func (p *Preload) Exec(pid int) {}
 
 // Exiting takes the last snapshot of pid's mappings, held at its exit.
@@ -287,7 +289,8 @@ func (p *Preload) Sites() []events.ProbeSite {
 		out = append(out, events.ProbeSite{Name: f.Name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
-		"fork"} {
+		"fork", "_Fork", "vfork", "execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle", "fexecve", "execveat",
+		"posix_spawn", "posix_spawnp", "_exit", "_Exit"} {
 		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	if p.sys != nil {

@@ -19,6 +19,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <spawn.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +81,17 @@ static struct {
 	int (*create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 	void (*exit)(void *) __attribute__((noreturn));
 	pid_t (*fork)(void);
+	pid_t (*_Fork)(void);
+	pid_t (*vfork)(void);
+	int (*execve)(const char *, char *const[], char *const[]);
+	int (*execvpe)(const char *, char *const[], char *const[]);
+	int (*fexecve)(int, char *const[], char *const[]);
+	int (*execveat)(int, const char *, char *const[], char *const[], int);
+	int (*spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+		     char *const[], char *const[]);
+	int (*spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+		      char *const[], char *const[]);
+	void (*_exit)(int) __attribute__((noreturn));
 } real;
 
 /* dlsym may call calloc (for its error state) before the real allocator is
@@ -152,6 +165,15 @@ static void resolve_real(void)
 	RESOLVE(create, "pthread_create");
 	RESOLVE(exit, "pthread_exit");
 	RESOLVE(fork, "fork");
+	RESOLVE(_Fork, "_Fork");
+	RESOLVE(vfork, "vfork");
+	RESOLVE(execve, "execve");
+	RESOLVE(execvpe, "execvpe");
+	RESOLVE(fexecve, "fexecve");
+	RESOLVE(execveat, "execveat");
+	RESOLVE(spawn, "posix_spawn");
+	RESOLVE(spawnp, "posix_spawnp");
+	RESOLVE(_exit, "_exit");
 	resolving = 0;
 	*(int *)tstate_self() = guard;
 	errno = saved;
@@ -194,6 +216,26 @@ static __u64 lock_pages[1 << LOCK_PAGE_BITS];
 static __u64 lock_page_lo = ~0ULL, lock_page_hi;
 extern void *__libc_stack_end;
 
+/* What a new image needs to record too: the library's path as the loader
+ * has it, and the descriptor variable, for an exec whose environment
+ * dropped them. */
+static char shim_path[4096];
+static char shm_env_entry[64];
+
+/* The end of a process image (exit, _exit, exec) kills its other threads
+ * wherever they are, in the middle of a record too, which would then be
+ * lost. So each thread says when it is writing one, and the thread that
+ * ends the image first stops the others from starting one (closing_tid)
+ * and waits for those under way. Flags are by counter slot (slots are
+ * never reused), one cache line each; threads past the slots share a
+ * counter. */
+static struct {
+	__u32 v;
+	char pad[60];
+} writing[SHM_SLOTS] __attribute__((aligned(64)));
+static __u32 writing_shared;
+static __u32 closing_tid;
+
 #define H64(off) ((__u64 *)(shm + (off)))
 #define H32(off) ((__u32 *)(shm + (off)))
 
@@ -215,6 +257,8 @@ struct tstate {
 	__u32 alloc_seq;
 	__u64 alloc_sp; /* the outermost allocator call's return-address slot */
 	__u64 *calls;   /* this thread's counter slot, NULL for the shared one */
+	__u32 *writing; /* its writing flag, NULL for the shared counter */
+	int exited;     /* its exit is recorded */
 	__u64 stack_hi; /* how far up the thread's stack may be read, 0 when unknown */
 	__s32 held;
 	__u32 nheld;
@@ -231,6 +275,38 @@ struct tstate {
 };
 
 static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
+
+/* A vfork child runs on its parent's thread: the same stack, the same
+ * thread-local memory. So the thread's state is left as it is for the
+ * parent, and the child records nothing until it execs or exits (child is
+ * set meanwhile). One level per vfork under way (a child may vfork too):
+ * where the call returns to, and the state to give back to the parent. */
+#define VFORK_LEVELS 8
+static __thread struct {
+	int child;
+	__u32 depth;
+	struct vfork_level {
+		__u64 ret;
+		int guard;
+		int child;
+		void *map; /* what the child's exec mapped, for the parent to unmap */
+		size_t map_len;
+	} levels[VFORK_LEVELS];
+} vf __attribute__((tls_model("initial-exec")));
+
+/* This thread is inside fork: the child's fork handlers run before fork
+ * returns to it, so a call seen here may be the child's, which must not
+ * be recorded as the parent's. */
+static __thread int forking __attribute__((tls_model("initial-exec")));
+static void after_fork_child(void);
+
+/* Who forks, for the creation record: the parent writes it when the child
+ * does not record; a child that records writes it itself, before any
+ * record of its own, so the creation comes first in the ring. */
+static __thread struct {
+	__u32 pid, tid;
+	__u64 stack;
+} fork_from __attribute__((tls_model("initial-exec")));
 
 static struct tstate *tstate_self(void)
 {
@@ -268,6 +344,25 @@ static __u64 now(void)
 	return (__u64)t.tv_sec * 1000000000ULL + (__u64)t.tv_nsec;
 }
 
+/* Keeps what an exec's new environment needs (see exec_env). */
+static void remember_env(int fd)
+{
+	Dl_info di;
+	if (dladdr((void *)remember_env, &di) && di.dli_fname && strlen(di.dli_fname) < sizeof(shim_path))
+		strcpy(shim_path, di.dli_fname);
+	char digits[16];
+	int n = 0;
+	do
+		digits[n++] = (char)('0' + fd % 10);
+	while ((fd /= 10) > 0);
+	size_t at = strlen(SHM_ENV);
+	memcpy(shm_env_entry, SHM_ENV, at);
+	shm_env_entry[at++] = '=';
+	while (n > 0)
+		shm_env_entry[at++] = digits[--n];
+	shm_env_entry[at] = 0;
+}
+
 /* Maps the memfd hooktrace passed, once per process image; returns
  * whether this call did it. */
 static int init_process(void)
@@ -299,6 +394,7 @@ static int init_process(void)
 			cfg_flags = *H32(SHM_OFF_FLAGS);
 			my_pid = getpid();
 			active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
+			remember_env(fd);
 		} else if (all != MAP_FAILED) {
 			munmap(all, (size_t)st.st_size);
 		}
@@ -388,6 +484,72 @@ static void count_lost(__u32 type)
 	__atomic_fetch_add(H64(SHM_OFF_LOST) + (type & 3), 1, __ATOMIC_RELAXED);
 }
 
+/* A short sleep that is not a cancellation point (nanosleep is one): the
+ * shim must not add one to a call that has none. */
+static void pause_10us(void)
+{
+	struct timespec ts10 = {0, 10000};
+	syscall(SYS_nanosleep, &ts10, NULL);
+}
+
+/* Starts a record; returns 0 when the image is ending in another thread,
+ * whose end would cut the record short: the call is counted, not
+ * recorded. */
+static int write_begin(void)
+{
+	__u32 *flag = ts.writing;
+	if (likely(flag != NULL)) {
+		/* An exchange, for the full barrier before closing_tid is read
+		 * (cheaper than a store and mfence). */
+		__atomic_exchange_n(flag, 1, __ATOMIC_SEQ_CST);
+	} else {
+		__atomic_fetch_add(&writing_shared, 1, __ATOMIC_SEQ_CST);
+	}
+	__u32 closing = __atomic_load_n(&closing_tid, __ATOMIC_RELAXED);
+	if (unlikely(closing != 0) && closing != ts.tid) {
+		if (flag)
+			__atomic_store_n(flag, 0, __ATOMIC_RELEASE);
+		else
+			__atomic_fetch_sub(&writing_shared, 1, __ATOMIC_RELEASE);
+		return 0;
+	}
+	return 1;
+}
+
+static void write_end(void)
+{
+	if (likely(ts.writing != NULL))
+		__atomic_store_n(ts.writing, 0, __ATOMIC_RELEASE);
+	else
+		__atomic_fetch_sub(&writing_shared, 1, __ATOMIC_RELEASE);
+}
+
+static void wait_unflagged(__u32 *flag)
+{
+	/* Bounded like a writer's wait for room: a writer waiting for the
+	 * reader finishes within it. */
+	for (unsigned k = 0; __atomic_load_n(flag, __ATOMIC_ACQUIRE) && k < 40000; k++) {
+		if (k < 64)
+			__builtin_ia32_pause();
+		else
+			pause_10us();
+	}
+}
+
+/* This thread ends the image: no other thread starts a record from now on,
+ * and the records under way are finished first. */
+static void end_writes(struct tstate *self)
+{
+	__atomic_store_n(&closing_tid, self->tid, __ATOMIC_SEQ_CST);
+	__u32 n = __atomic_load_n(H32(SHM_OFF_NEXT_SLOT), __ATOMIC_RELAXED);
+	if (n > SHM_SLOTS)
+		n = SHM_SLOTS;
+	for (__u32 i = 0; i < n; i++)
+		if (&writing[i].v != self->writing)
+			wait_unflagged(&writing[i].v);
+	wait_unflagged(&writing_shared);
+}
+
 /* Reserves room for a body of len bytes and returns where it goes, or NULL
  * (counted as lost) when the reader has not made room within a bounded
  * wait. *seq_at receives the position to publish. */
@@ -413,8 +575,7 @@ static unsigned char *ring_reserve(__u32 len, __u64 *pos_out)
 			if (waited < 64) {
 				__builtin_ia32_pause();
 			} else if (waited < 20000) {
-				struct timespec ts10 = {0, 10000};
-				nanosleep(&ts10, NULL);
+				pause_10us();
 				if (waited == 19999)
 					reader_stalled = 1;
 			}
@@ -446,14 +607,17 @@ static void ring_commit(unsigned char *body, __u64 pos)
 
 static void ring_output(const void *rec, __u32 len, __u32 type)
 {
+	if (!write_begin())
+		return;
 	__u64 pos;
 	unsigned char *p = ring_reserve(len, &pos);
 	if (!p) {
 		count_lost(type);
-		return;
+	} else {
+		memcpy(p, rec, len);
+		ring_commit(p, pos);
 	}
-	memcpy(p, rec, len);
-	ring_commit(p, pos);
+	write_end();
 }
 
 /* ---- threads ------------------------------------------------------------ */
@@ -477,8 +641,10 @@ static void thread_init(struct tstate *t)
 	memset(t, 0, sizeof(*t));
 	t->tid = (__u32)syscall(SYS_gettid);
 	__u32 slot = __atomic_fetch_add(H32(SHM_OFF_NEXT_SLOT), 1, __ATOMIC_RELAXED);
-	if (slot < SHM_SLOTS)
+	if (slot < SHM_SLOTS) {
 		t->calls = H64(SHM_OFF_SLOTS) + (__u64)slot * SHM_SLOT_OPS;
+		t->writing = &writing[slot].v;
+	}
 	if (t->tid == my_pid)
 		t->stack_hi = (__u64)__libc_stack_end;
 	t->inited = 1;
@@ -501,6 +667,8 @@ static struct tstate *enter(void)
 		if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)
 			return NULL;
 	}
+	if (unlikely(forking) && (__u32)getpid() != my_pid)
+		after_fork_child();
 	if (!active)
 		return NULL;
 	t->guard = 1;
@@ -519,7 +687,7 @@ static struct tstate *enter_op(__u32 op)
 {
 	struct tstate *t = &ts;
 	if (unlikely(t->guard)) {
-		if (t->inited && active && !resolving)
+		if (t->inited && active && !resolving && !vf.child)
 			count_call(t, op);
 		return NULL;
 	}
@@ -611,10 +779,13 @@ static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __
 	len &= ~7ULL;
 	if (len < 16)
 		return 0;
+	if (!write_begin())
+		return 0;
 	__u64 pos;
 	unsigned char *p = ring_reserve(sizeof(struct sample), &pos);
 	if (!p) {
 		count_lost(REC_SAMPLE);
+		write_end();
 		return 0;
 	}
 	struct sample *r = (struct sample *)p;
@@ -635,6 +806,7 @@ static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __
 			memcpy(r->data + (slot - sp), &t->shadow[i].ret, 8);
 	}
 	ring_commit(p, pos);
+	write_end();
 	return id;
 }
 
@@ -1344,14 +1516,41 @@ static void cond_return(struct tstate *t, __u32 op, pthread_cond_t *c, pthread_m
 	lock_page_add((__u64)m);
 }
 
+/* A wait is a cancellation point: a thread cancelled in it has the mutex
+ * back when its cleanup handlers run (and one of them usually unlocks
+ * it), but the wait never returns. Its return is recorded by a handler of
+ * the shim's own, which runs first. */
+struct cond_call {
+	struct tstate *t;
+	__u32 op;
+	pthread_cond_t *c;
+	pthread_mutex_t *m;
+	__u64 *frame;
+};
+
+static void cond_cancelled(void *p)
+{
+	struct cond_call *w = p;
+	struct tstate *t = w->t;
+	if (t->guard)
+		return;
+	t->guard = 1;
+	cond_return(t, w->op, w->c, w->m, ECANCELED, w->frame);
+	leave(t);
+}
+
 #define COND(op, field, call)                                  \
 	ENSURE(field);                                         \
-	struct tstate *t = enter_op(op);                            \
+	struct tstate *t = enter_op(op);                       \
 	if (!t)                                                \
 		return call;                                   \
 	cond_enter(t, op, c, m, (__u64)real.field, FRAME);     \
 	leave(t);                                              \
-	int r = call;                                          \
+	struct cond_call w = {t, op, c, m, FRAME};             \
+	int r;                                                 \
+	pthread_cleanup_push(cond_cancelled, &w);              \
+	r = call;                                              \
+	pthread_cleanup_pop(0);                                \
 	if (!t->guard) {                                       \
 		t->guard = 1;                                  \
 		cond_return(t, op, c, m, r, FRAME);            \
@@ -1403,11 +1602,25 @@ static struct start *start_get(void)
 
 static void thread_exit_event(struct tstate *t, __s64 ret)
 {
+	if (t->exited)
+		return;
+	t->exited = 1;
 	count_call(t, OP_THREAD_EXIT);
 	struct event e;
 	event_init(&e, t, OP_THREAD_EXIT);
 	e.ret = ret;
 	event_send(&e);
+}
+
+/* A thread that ends by cancellation (or pthread_exit) unwinds through
+ * thread_start without returning to it. */
+static void thread_unwound(void *unused)
+{
+	struct tstate *t = enter();
+	if (t) {
+		thread_exit_event(t, 0);
+		leave(t);
+	}
 }
 
 static void *thread_start(void *p)
@@ -1433,12 +1646,11 @@ static void *thread_start(void *p)
 		event_send(&e);
 		leave(t);
 	}
-	void *r = s.fn(s.arg);
-	t = enter();
-	if (t) {
-		thread_exit_event(t, 0);
-		leave(t);
-	}
+	void *r;
+	pthread_cleanup_push(thread_unwound, NULL);
+	r = s.fn(s.arg);
+	pthread_cleanup_pop(0);
+	thread_unwound(NULL);
 	return r;
 }
 
@@ -1477,41 +1689,447 @@ EXPORT void pthread_exit(void *ret)
 	real.exit(ret);
 }
 
+/* _exit ends the process wherever its other threads are: what they are
+ * writing is finished first. A vfork child's _exit is its parent's
+ * business only in that the parent resumes. */
+static void process_end(void)
+{
+	if (vf.child)
+		return;
+	struct tstate *t = enter();
+	if (t) {
+		thread_exit_event(t, 0);
+		end_writes(t);
+		leave(t);
+	}
+}
+
+EXPORT void _exit(int status)
+{
+	ENSURE(_exit);
+	process_end();
+	real._exit(status);
+}
+
+EXPORT void _Exit(int status)
+{
+	ENSURE(_exit);
+	process_end();
+	real._exit(status);
+}
+
+/* The creation of a process, as the BPF side's sched_process_fork reports
+ * it: by the parent, naming the child. */
+static void process_created_from(struct tstate *t, __u32 pid, __u32 tid, pid_t child, __u64 stack)
+{
+	count_call(t, OP_THREAD_CREATE);
+	struct event e;
+	event_init(&e, t, OP_THREAD_CREATE);
+	e.pid = pid;
+	e.tid = tid;
+	e.flags = F_PROCESS;
+	e.arg = (__u64)child;
+	e.addr = (__u64)child;
+	e.stack = stack;
+	event_send(&e);
+}
+
+static void process_created(struct tstate *t, pid_t child, __u64 fn, __u64 *frame)
+{
+	process_created_from(t, my_pid, t->tid, child, take_stack(t, fn, frame));
+}
+
 /* In a child of fork: state starts afresh (the thread's held set and
- * counter slot were its parent's), and without follow-forks the child
- * records nothing. */
+ * counter slot were its parent's, and the threads that were writing are
+ * not in the child), and without follow-forks the child records nothing. */
 static void after_fork_child(void)
 {
+	forking = 0;
 	my_pid = getpid();
 	active = shm && (cfg_flags & SHM_F_FOLLOW);
 	ts.inited = 0;
 	ts.guard = 0;
+	/* Only the flags that are set are written: the others stay shared
+	 * with the parent, copied by no write. */
+	for (__u32 i = 0; i < SHM_SLOTS; i++)
+		if (writing[i].v)
+			writing[i].v = 0;
+	writing_shared = 0;
+	closing_tid = 0;
+	reader_stalled = 0;
+	if (active && fork_from.tid) {
+		int saved = errno;
+		ts.guard = 1;
+		thread_init(&ts);
+		process_created_from(&ts, fork_from.pid, fork_from.tid, (pid_t)my_pid, fork_from.stack);
+		ts.guard = 0;
+		errno = saved;
+	}
 }
+
+#define FORK(field)                                                            \
+	ENSURE(field);                                                         \
+	if (!real.field) {                                                     \
+		errno = ENOSYS;                                                \
+		return -1;                                                     \
+	}                                                                      \
+	fork_from.tid = 0;                                                     \
+	struct tstate *t = enter();                                            \
+	if (t) {                                                               \
+		fork_from.pid = my_pid;                                        \
+		fork_from.tid = t->tid;                                        \
+		fork_from.stack = take_stack(t, (__u64)real.field, FRAME);     \
+		leave(t);                                                      \
+	}                                                                      \
+	forking = 1;                                                           \
+	pid_t r = real.field();                                                \
+	if (r == 0) {                                                          \
+		if (forking) /* not yet done by a fork handler's call */     \
+			after_fork_child();                                    \
+		return 0;                                                      \
+	}                                                                      \
+	forking = 0;                                                           \
+	if (r > 0 && fork_from.tid && !(cfg_flags & SHM_F_FOLLOW)) {           \
+		int saved = errno;                                             \
+		t = enter();                                                   \
+		if (t) {                                                       \
+			process_created_from(t, fork_from.pid, fork_from.tid, r, fork_from.stack); \
+			leave(t);                                              \
+		}                                                              \
+		errno = saved;                                                 \
+	}                                                                      \
+	return r;
 
 EXPORT pid_t fork(void)
 {
-	ENSURE(fork);
-	pid_t r = real.fork();
+	FORK(fork)
+}
+
+EXPORT pid_t __fork(void)
+{
+	FORK(fork)
+}
+
+/* fork without the fork handlers (async-signal-safe). */
+EXPORT pid_t _Fork(void)
+{
+	FORK(_Fork)
+}
+
+/* vfork keeps its semantics (the child borrows the parent's memory and
+ * runs first, the parent resumes at its exec or exit): treating it as
+ * fork, as TSan does, would run the fork handlers, copy the address space
+ * and let a parent's variable written by the child keep its old value.
+ * The wrapper is an assembly trampoline because the child returns first
+ * and then reuses the stack below its caller's frame: the wrapper's
+ * return address cannot stay on the stack for the parent, so it is kept
+ * in this thread's vfork levels. Between vfork and exec or exit the child
+ * records nothing: it has no thread state of its own, and what it may
+ * call there is async-signal-safe only. */
+__attribute__((used, visibility("hidden"))) void *vfork_enter(__u64 ret)
+{
+	ENSURE(vfork);
+	if (vf.depth >= VFORK_LEVELS)
+		abort(); /* nowhere to keep the return address */
+	struct vfork_level *l = &vf.levels[vf.depth++];
+	l->ret = ret;
+	l->guard = ts.guard;
+	l->child = vf.child;
+	l->map = NULL;
+	return (void *)real.vfork;
+}
+
+struct vfork_back {
+	__u64 ret;
+	__s64 result;
+};
+
+/* After the real vfork, in the child and then in the parent; returns
+ * where to return to and vfork's result (in rax:rdx). */
+__attribute__((used, visibility("hidden"))) struct vfork_back vfork_leave(__s64 r)
+{
+	struct vfork_level *l = &vf.levels[vf.depth - 1];
+	struct vfork_back b = {l->ret, r};
 	if (r == 0) {
-		after_fork_child();
-		return 0;
+		ts.guard = 1;
+		vf.child = 1;
+		return b;
 	}
+	int saved = errno;
+	vf.depth--;
+	ts.guard = l->guard;
+	vf.child = l->child;
+	if (l->map)
+		syscall(SYS_munmap, l->map, l->map_len);
 	if (r > 0) {
-		int saved = errno;
 		struct tstate *t = enter();
 		if (t) {
-			count_call(t, OP_THREAD_CREATE);
-			struct event e;
-			event_init(&e, t, OP_THREAD_CREATE);
-			e.flags = F_PROCESS;
-			e.arg = (__u64)r;
-			e.addr = (__u64)r;
-			e.stack = take_stack(t, (__u64)real.fork, FRAME);
-			event_send(&e);
+			/* The stack as at the caller's vfork call: its return
+			 * address, then its frame chain. */
+			__u64 frame[2] = {FRAME[0], l->ret};
+			process_created(t, (pid_t)r, (__u64)real.vfork, frame);
 			leave(t);
 		}
-		errno = saved;
 	}
+	errno = saved;
+	return b;
+}
+
+/* The stack is 16-byte aligned at each call: 8 off at entry, the return
+ * address popped. */
+__asm__(".text\n"
+	".globl vfork\n"
+	".globl __vfork\n"
+	".type vfork,@function\n"
+	".type __vfork,@function\n"
+	"vfork:\n"
+	"__vfork:\n"
+	"\tpop %rdi\n"
+	"\tcall vfork_enter\n"
+	"\tcall *%rax\n"
+	"\tmov %rax, %rdi\n"
+	"\tcall vfork_leave\n"
+	"\tpush %rax\n"
+	"\tmov %rdx, %rax\n"
+	"\tret\n"
+	".size vfork, .-vfork\n"
+	".size __vfork, .-__vfork\n");
+
+/* ---- exec --------------------------------------------------------------- */
+
+/* An exec's new image records when this one does and the environment
+ * still preloads the library and names the shared memory. An environment
+ * that dropped either (a clean envp, clearenv) gets them back; the rest
+ * of it, argv and every result are the program's. The new environment is
+ * built on the stack, or in a mapping when large, never with the target's
+ * allocator (a vfork child shares its parent's heap), and is gone when
+ * the exec fails. */
+struct exec_env {
+	char *const *envp;
+	void *map;
+	size_t map_len;
+	int closing; /* the image's end was announced: undone if the exec fails */
+	char buf[2048];
+};
+
+static int preload_has_shim(const char *list)
+{
+	size_t n = strlen(shim_path);
+	for (const char *p = list; *p;) {
+		size_t len = strcspn(p, ": ");
+		if (len == n && memcmp(p, shim_path, n) == 0)
+			return 1;
+		p += len;
+		p += strspn(p, ": ");
+	}
+	return 0;
+}
+
+static void exec_env_done(struct exec_env *x);
+
+/* child: the exec starts a new process (posix_spawn), which records only
+ * when following. */
+static char *const *exec_env(struct exec_env *x, char *const *envp, int child)
+{
+	x->envp = envp;
+	x->map = NULL;
+	x->closing = 0;
+	if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2 || !active || !shim_path[0])
+		return envp;
+	if ((child || vf.child) && !(cfg_flags & SHM_F_FOLLOW))
+		return envp;
+	if (!child && !vf.child) {
+		/* exec ends this image: what other threads write is finished
+		 * first. */
+		struct tstate *t = enter();
+		if (t) {
+			end_writes(t);
+			x->closing = 1;
+			leave(t);
+		}
+	}
+	size_t n = 0, fd_at = (size_t)-1, pre_at = (size_t)-1;
+	if (envp) {
+		for (; envp[n]; n++) {
+			if (strncmp(envp[n], "LD_PRELOAD=", 11) == 0)
+				pre_at = n; /* the loader takes the last */
+			else if (strncmp(envp[n], SHM_ENV "=", sizeof(SHM_ENV)) == 0)
+				fd_at = n;
+		}
+	}
+	int pre_ok = pre_at != (size_t)-1 && preload_has_shim(envp[pre_at] + 11);
+	int fd_ok = fd_at != (size_t)-1 && strcmp(envp[fd_at], shm_env_entry) == 0;
+	if (pre_ok && fd_ok)
+		return envp;
+	const char *old = pre_at != (size_t)-1 ? envp[pre_at] + 11 : "";
+	size_t pre_len = 11 + strlen(shim_path) + 1 + strlen(old) + 1;
+	size_t need = (n + 3) * sizeof(char *) + pre_len;
+	char *mem = x->buf;
+	if (need > sizeof(x->buf)) {
+		size_t len = (need + 4095) & ~(size_t)4095;
+		void *m = (void *)syscall(SYS_mmap, NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED) {
+			exec_env_done(x);
+			errno = E2BIG; /* as the kernel says of an environment too large */
+			return NULL;
+		}
+		x->map = m;
+		x->map_len = len;
+		if (vf.child) {
+			/* The exec that succeeds leaves it in the parent's memory. */
+			vf.levels[vf.depth - 1].map = m;
+			vf.levels[vf.depth - 1].map_len = len;
+		}
+		mem = m;
+	}
+	char **out = (char **)mem;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (i != fd_at && (i != pre_at || pre_ok))
+			out[k++] = envp[i];
+	if (!pre_ok) {
+		char *s = mem + (n + 3) * sizeof(char *);
+		out[k++] = s;
+		memcpy(s, "LD_PRELOAD=", 11);
+		s += 11;
+		size_t sl = strlen(shim_path);
+		memcpy(s, shim_path, sl);
+		s += sl;
+		if (*old)
+			*s++ = ':';
+		strcpy(s, old);
+	}
+	out[k++] = shm_env_entry;
+	out[k] = NULL;
+	x->envp = out;
+	return out;
+}
+
+/* After an exec that failed (or a spawn): errno stays the exec's. */
+static void exec_env_done(struct exec_env *x)
+{
+	int saved = errno;
+	if (x->map) {
+		syscall(SYS_munmap, x->map, x->map_len);
+		if (vf.child)
+			vf.levels[vf.depth - 1].map = NULL;
+	}
+	if (x->closing)
+		__atomic_store_n(&closing_tid, 0, __ATOMIC_RELEASE);
+	errno = saved;
+}
+
+#define EXEC_WITH_ENV(field, envp, child, call)             \
+	ENSURE(field);                                      \
+	if (!real.field) {                                  \
+		errno = ENOSYS;                             \
+		return -1;                                  \
+	}                                                   \
+	struct exec_env x;                                  \
+	char *const *env = exec_env(&x, envp, child);       \
+	if (envp && !env)                                   \
+		return -1;                                  \
+	int r = call;                                       \
+	exec_env_done(&x);                                  \
+	return r;
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	EXEC_WITH_ENV(execve, envp, 0, real.execve(path, argv, env))
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	EXEC_WITH_ENV(execvpe, envp, 0, real.execvpe(file, argv, env))
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	EXEC_WITH_ENV(fexecve, envp, 0, real.fexecve(fd, argv, env))
+}
+
+EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags)
+{
+	EXEC_WITH_ENV(execveat, envp, 0, real.execveat(dirfd, path, argv, env, flags))
+}
+
+/* The calls that take the environment from environ are execve's and
+ * execvpe's with it, as in glibc. */
+EXPORT int execv(const char *path, char *const argv[])
+{
+	return execve(path, argv, environ);
+}
+
+EXPORT int execvp(const char *file, char *const argv[])
+{
+	return execvpe(file, argv, environ);
+}
+
+/* The argument lists of execl and friends, collected on the stack as
+ * glibc does. */
+#define COLLECT_ARGS(arg, argv, tail)                      \
+	va_list ap;                                        \
+	size_t argc = 1;                                   \
+	va_start(ap, arg);                                 \
+	while (va_arg(ap, char *) != NULL)                 \
+		argc++;                                    \
+	va_end(ap);                                        \
+	if (argc >= 1 << 20) {                             \
+		errno = E2BIG;                             \
+		return -1;                                 \
+	}                                                  \
+	char *argv[argc + 1];                              \
+	argv[0] = (char *)arg;                             \
+	va_start(ap, arg);                                 \
+	for (size_t i = 1; i <= argc; i++)                 \
+		argv[i] = va_arg(ap, char *);              \
+	tail;                                              \
+	va_end(ap);
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+	COLLECT_ARGS(arg, argv, )
+	return execve(path, argv, environ);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+	COLLECT_ARGS(arg, argv, )
+	return execvpe(file, argv, environ);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+	char *const *envp;
+	COLLECT_ARGS(arg, argv, envp = va_arg(ap, char *const *))
+	return execve(path, argv, envp);
+}
+
+/* posix_spawn starts a new process: its image records only when following
+ * (the child of a spawn, as of a fork). */
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	ENSURE(spawn);
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 1);
+	if (envp && !env)
+		return errno;
+	int r = real.spawn(pid, path, fa, attr, argv, env);
+	exec_env_done(&x);
+	return r;
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	ENSURE(spawnp);
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 1);
+	if (envp && !env)
+		return errno;
+	int r = real.spawnp(pid, file, fa, attr, argv, env);
+	exec_env_done(&x);
 	return r;
 }
 
@@ -1810,7 +2428,7 @@ static void exec_event(struct tstate *t)
 }
 
 /* Recording starts here if no interposed call came first. The main
- * thread's exit is recorded at exit(). */
+ * thread's exit is recorded at exit() or _exit(). */
 __attribute__((constructor)) static void shim_init(void)
 {
 	struct tstate *t = enter();
@@ -1820,11 +2438,14 @@ __attribute__((constructor)) static void shim_init(void)
 	}
 }
 
+/* exit: the other threads' records under way are finished before the
+ * process ends; later ones are counted, not written. */
 __attribute__((destructor)) static void shim_fini(void)
 {
 	struct tstate *t = enter();
 	if (!t)
 		return;
 	thread_exit_event(t, 0);
+	end_writes(t);
 	leave(t);
 }
