@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -40,9 +41,31 @@ func RunGate(args []string) {
 		fmt.Fprintf(os.Stderr, "hooktrace: %v\n", err)
 		os.Exit(127)
 	}
-	err = syscall.Exec(path, args, os.Environ())
+	err = syscall.Exec(path, args, gateEnv(os.Environ(), heldPreload, "LD_PRELOAD"))
 	fmt.Fprintf(os.Stderr, "hooktrace: exec %s: %v\n", path, err)
 	os.Exit(127)
+}
+
+// heldPreload carries the target's LD_PRELOAD through the gate: the gate
+// is hooktrace itself, and a library preloaded into it (the preload
+// recorder's) would record the gate's own calls (its Go runtime's threads
+// and mappings) as the target's.
+const heldPreload = "HOOKTRACE_GATE_LD_PRELOAD"
+
+// gateEnv renames env's variable from to to, dropping any to it had.
+func gateEnv(env []string, from, to string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, v, _ := strings.Cut(kv, "=")
+		switch name {
+		case to:
+		case from:
+			out = append(out, to+"="+v)
+		default:
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Gated is a started target held before its exec.
@@ -84,7 +107,10 @@ func StartEnv(argv, env []string, extra []*os.File) (*Gated, error) {
 	cmd := exec.Command(self, append([]string{GateArg}, argv...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = append([]*os.File{r}, extra...)
-	cmd.Env = env
+	if env == nil {
+		env = os.Environ()
+	}
+	cmd.Env = gateEnv(env, "LD_PRELOAD", heldPreload)
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		w.Close()

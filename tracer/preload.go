@@ -51,6 +51,7 @@ const (
 	shmFFull      = 1
 	shmFFollow    = 2
 	shmFSamples   = 4
+	shmFSyscalls  = 8
 )
 
 // shimFD is the descriptor the target finds the shared memory at: the
@@ -62,7 +63,7 @@ const shimFD = 4
 // thread calls into a ring in shared memory, in the BPF ring's record
 // layout. It needs no privileges and no kernel trap per call; what it
 // cannot see is a call that does not go through the PLT (inside one
-// object) and the system calls themselves.
+// object: glibc's own free -> madvise) and raw system calls.
 type Preload struct {
 	opts      Options
 	memfd     *os.File
@@ -94,9 +95,15 @@ type sysPending struct {
 // AddSyscalls adds the kernel's view of the memory syscalls: t must be
 // opened with SyscallsOnly. Its events are merged by time into this
 // recorder's stream; its thread and exec events are the shim's already.
+//
+// The kernel then sees every memory syscall, the libc wrappers' too: the
+// shim is told to leave their GOT slots alone, so that each call is
+// recorded, and counted in Calls, once.
 func (p *Preload) AddSyscalls(t *Tracer) {
 	p.sys = t
 	t.conv = p.conv
+	flags := (*uint32)(unsafe.Pointer(&p.mem[shmOffFlags]))
+	atomic.StoreUint32(flags, atomic.LoadUint32(flags)|shmFSyscalls)
 }
 
 // Syscalls says whether the kernel's syscall tracepoint is added.
@@ -276,11 +283,17 @@ func (p *Preload) Sites() []events.ProbeSite {
 		out = append(out, events.ProbeSite{Name: f.name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
-		"fork"} {
+		"fork", "dlopen", "dlmopen"} {
 		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	if p.sys != nil {
 		out = append(out, p.sys.Sites()...)
+	} else {
+		// libc's memory wrappers, reached through the GOT slots the
+		// shim rewrites in every object but libc.
+		for _, name := range []string{"madvise", "munmap", "mmap", "mremap", "brk", "sbrk"} {
+			out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload-got"})
+		}
 	}
 	return out
 }
