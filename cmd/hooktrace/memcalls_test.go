@@ -1,0 +1,96 @@
+//go:build linux && amd64
+
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
+)
+
+// TestPreloadMemoryCalls: as an ordinary user, a program that calls
+// mmap, madvise, mremap and munmap 5 times each and sbrk once, through
+// the PLT. The preload recorder sees each call (through the GOT slots
+// the shim rewrites), counts it exactly, and records it with the
+// program's function on its stack and the call's arguments.
+func TestPreloadMemoryCalls(t *testing.T) {
+	prog := testenv.Program(t, "memcalls")
+	report, read := nobodyReport(t)
+	trace := filepath.Join(filepath.Dir(report), "memcalls.htr")
+	cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", "preload", "--report", "json:"+report, "-o", trace,
+		"--fail-on", "none", "--", prog)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hooktrace as nobody: %v", err)
+	}
+	rep := parseReport(t, read())
+	want := map[string]uint64{"mmap": 5, "madvise": 5, "mremap": 5, "munmap": 5, "brk": 1}
+	for op, n := range want {
+		if rep.Stats.Calls[op] != n {
+			t.Errorf("calls.%s = %d, want %d (calls %v)", op, rep.Stats.Calls[op], n, rep.Stats.Calls)
+		}
+	}
+	if rep.Stats.LostEvents != 0 || !rep.Stats.Complete {
+		t.Errorf("lost %d, complete %v", rep.Stats.LostEvents, rep.Stats.Complete)
+	}
+	evs, stacks, _ := readTrace(t, trace)
+	seen := map[events.Op]int{}
+	for _, e := range evs {
+		if !e.Op.IsMemSyscall() {
+			continue
+		}
+		seen[e.Op]++
+		if st := stacks[e.Stack]; !stackHas(st, "map_and_release") || !stackHas(st, "main") {
+			t.Errorf("%s at %#x: stack lacks map_and_release and main:%s", e.Op, e.Addr, stackString(st))
+		}
+		switch e.Op {
+		case events.OpMadvise:
+			if e.Size != 1<<20 || e.Arg != 4 { // MADV_DONTNEED
+				t.Errorf("madvise size %d advice %d, want 1 MiB, 4", e.Size, e.Arg)
+			}
+		case events.OpMremap:
+			if e.Size != 1<<20 || e.Arg != 2<<20 {
+				t.Errorf("mremap from %d to %d, want 1 MiB to 2 MiB", e.Size, e.Arg)
+			}
+		case events.OpMunmap:
+			if e.Size != 2<<20 {
+				t.Errorf("munmap of %d, want 2 MiB", e.Size)
+			}
+		}
+	}
+	for _, op := range []events.Op{events.OpMmap, events.OpMadvise, events.OpMremap, events.OpMunmap, events.OpBrk} {
+		if uint64(seen[op]) != want[op.String()] {
+			t.Errorf("%d %s events, want %d", seen[op], op, want[op.String()])
+		}
+	}
+}
+
+// TestPreloadProbeInDlopenedLibrary: --probe names a function of a
+// library the program loads later with dlopen, by its path. The preload
+// recorder arms it when the library is loaded, and every call fires,
+// also as an ordinary user.
+func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
+	prog := testenv.Program(t, "memcalls")
+	lib := testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "plugin.c"), Name: "libplugin.so",
+		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
+	report, read := nobodyReport(t)
+	cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", "preload", "--report", "json:"+report,
+		"--probe", "plugin_step@"+lib, "--fail-on", "none", "--", prog, lib)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hooktrace as nobody: %v", err)
+	}
+	rep := parseReport(t, read())
+	if rep.Stats.Calls["probe_enter"] != 3 || rep.Stats.Calls["probe_exit"] != 3 {
+		t.Errorf("calls %v: want 3 probe_enter and 3 probe_exit", rep.Stats.Calls)
+	}
+	// The library's own lock calls are seen too, and the program's
+	// memory calls still are: dlopen is forwarded unchanged.
+	if rep.Stats.Calls["pthread_mutex_lock"] < 3 || rep.Stats.Calls["madvise"] != 5 {
+		t.Errorf("calls %v: want the plugin's 3 locks and the program's 5 madvise calls", rep.Stats.Calls)
+	}
+}
