@@ -1586,8 +1586,58 @@ static void instrument_objects(void)
 }
 
 /* dlopen and dlmopen: what they loaded is instrumented as what was there
- * at start. (Exporting these is safe: no runtime patches them.) */
-static void after_dlopen(void *h)
+ * at start. (Exporting these is safe: no runtime patches them.)
+ *
+ * glibc's dlopen takes its caller from its return address: the caller's
+ * RUNPATH and $ORIGIN find the library, its namespace receives it. So the
+ * real dlopen must see the program's return address, not the shim's, yet
+ * return to the shim. It is entered with a return address inside the
+ * caller's object that holds a ret instruction, and that ret returns to
+ * the shim (a return-address swap like the --probe exit stub's; neither
+ * works under a hardware shadow stack, which glibc 2.36 does not enable). */
+__attribute__((used, visibility("hidden"))) void *dl_real_fn[2];
+
+struct gadget_search {
+	__u64 pc;
+	__u64 found;
+};
+
+static int find_gadget(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct gadget_search *gs = data;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		__u64 lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_filesz;
+		if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X) || gs->pc < lo || gs->pc >= hi)
+			continue;
+		for (__u64 a = lo; a < hi; a++)
+			if (*(const __u8 *)a == 0xc3) {
+				gs->found = a;
+				break;
+			}
+		return 1;
+	}
+	return 0;
+}
+
+/* Where the real dlopen should return to for a call from caller (0 when
+ * the caller is in no object: JIT code, which glibc treats as the
+ * executable's anyway); resolves the real functions first. */
+__attribute__((used, visibility("hidden"))) __u64 dl_gadget(__u64 caller)
+{
+	int saved = errno;
+	if (!real.dlopen || !real.dlmopen)
+		resolve_real();
+	dl_real_fn[0] = (void *)real.dlopen;
+	dl_real_fn[1] = (void *)real.dlmopen;
+	struct gadget_search gs = {caller, 0};
+	if (!in_shim(caller))
+		dl_iterate_phdr(find_gadget, &gs);
+	errno = saved;
+	return gs.found;
+}
+
+__attribute__((used, visibility("hidden"))) void dl_loaded(void *h)
 {
 	if (!h)
 		return;
@@ -1600,21 +1650,51 @@ static void after_dlopen(void *h)
 	errno = saved;
 }
 
-EXPORT void *dlopen(const char *file, int mode)
-{
-	ENSURE(dlopen);
-	void *h = real.dlopen(file, mode);
-	after_dlopen(h);
-	return h;
-}
+/* The stubs: keep the arguments (dlmopen has three), find the gadget, and
+ * enter the real function with the gadget, then the continuation, as the
+ * return addresses; the stack is as at a call (rsp+8 16-byte aligned).
+ * At the continuation, or after a plain call when there is no gadget,
+ * dl_loaded gets the handle, which is then returned. */
+#define DL_STUB(name, index)                                       \
+	".text\n"                                                  \
+	".globl " name "\n"                                        \
+	".type " name ",@function\n" name ":\n"                    \
+	"\t.cfi_startproc\n"                                       \
+	"\tpush %rbp\n"                                            \
+	"\t.cfi_def_cfa_offset 16\n"                               \
+	"\t.cfi_offset %rbp, -16\n"                                \
+	"\tmov %rsp, %rbp\n"                                       \
+	"\t.cfi_def_cfa_register %rbp\n"                           \
+	"\tsub $32, %rsp\n"                                        \
+	"\tmov %rdi, -8(%rbp)\n"                                   \
+	"\tmov %rsi, -16(%rbp)\n"                                  \
+	"\tmov %rdx, -24(%rbp)\n"                                  \
+	"\tmov 8(%rbp), %rdi\n"                                    \
+	"\tcall dl_gadget\n"                                       \
+	"\tmov -8(%rbp), %rdi\n"                                   \
+	"\tmov -16(%rbp), %rsi\n"                                  \
+	"\tmov -24(%rbp), %rdx\n"                                  \
+	"\tmov dl_real_fn+" index "(%rip), %r11\n"                 \
+	"\ttest %rax, %rax\n"                                      \
+	"\tjz 1f\n"                                                \
+	"\tlea 2f(%rip), %rcx\n"                                   \
+	"\tmov %rcx, -16(%rbp)\n"                                  \
+	"\tmov %rax, -24(%rbp)\n"                                  \
+	"\tlea -24(%rbp), %rsp\n"                                  \
+	"\tjmp *%r11\n"                                            \
+	"1:\tcall *%r11\n"                                         \
+	"2:\tmov %rax, -8(%rbp)\n"                                 \
+	"\tand $-16, %rsp\n"                                       \
+	"\tmov %rax, %rdi\n"                                       \
+	"\tcall dl_loaded\n"                                       \
+	"\tmov -8(%rbp), %rax\n"                                   \
+	"\tleave\n"                                                \
+	"\t.cfi_def_cfa %rsp, 8\n"                                 \
+	"\tret\n"                                                  \
+	"\t.cfi_endproc\n"                                         \
+	".size " name ", .-" name "\n"
 
-EXPORT void *dlmopen(Lmid_t ns, const char *file, int mode)
-{
-	ENSURE(dlmopen);
-	void *h = real.dlmopen(ns, file, mode);
-	after_dlopen(h);
-	return h;
-}
+__asm__(DL_STUB("dlopen", "0") DL_STUB("dlmopen", "8"));
 
 /* ---- --probe: breakpoints handled in the process ---------------------- */
 
