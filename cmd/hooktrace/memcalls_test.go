@@ -69,6 +69,24 @@ func TestPreloadMemoryCalls(t *testing.T) {
 	}
 }
 
+// TestAutoMemoryCallsCountedOnce: under auto with eBPF permitted, the
+// kernel's sys_enter tracepoint sees every memory syscall, the libc
+// wrappers' too, so the shim leaves their GOT slots alone and each call is
+// counted once. Only madvise and mremap are the program's alone (the loader
+// maps and unmaps memory itself, which the kernel sees as well).
+func TestAutoMemoryCallsCountedOnce(t *testing.T) {
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "memcalls")
+	out, _, stderr, code := runJSON(t, "--recorder", "auto", "--fail-on", "none", "--", prog)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	rep := parseReport(t, out)
+	if rep.Stats.Calls["madvise"] != 5 || rep.Stats.Calls["mremap"] != 5 || rep.Stats.Calls["munmap"] < 5 {
+		t.Errorf("calls %v: want 5 madvise and 5 mremap, counted once", rep.Stats.Calls)
+	}
+}
+
 // TestPreloadProbeInDlopenedLibrary: --probe names a function of a
 // library the program loads later with dlopen, by its path. The preload
 // recorder arms it when the library is loaded, and every call fires, also
