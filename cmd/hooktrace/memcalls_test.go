@@ -4,8 +4,10 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hooktrace/hooktrace/events"
@@ -125,5 +127,47 @@ func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
 				t.Errorf("calls %v: want the plugin's 3 locks and the program's 5 madvise calls", rep.Stats.Calls)
 			}
 		})
+	}
+}
+
+// TestPreloadMemoryCallsInsideAllocator: jemalloc, preloaded, maps and
+// advises memory through the PLT from inside malloc and free. The preload
+// recorder records those calls flagged as inside the allocator call,
+// naming it, with a raw stack copy that hooktrace unwinds through
+// jemalloc (built without frame pointers) to the program's caller, as the
+// BPF side's syscall tracepoint does.
+func TestPreloadMemoryCallsInsideAllocator(t *testing.T) {
+	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	testenv.File(t, je, "apt-get install -y libjemalloc2")
+	trace := filepath.Join(t.TempDir(), "je.htr")
+	cmd := exec.Command(hooktraceBin, "run", "--recorder", "preload", "--ignore-target-status", "--fail-on", "none",
+		"-o", trace, "--", testenv.Program(t, "mallocs"))
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	evs, stacks, _ := readTrace(t, trace)
+	inside := 0
+	for _, e := range evs {
+		if !e.Op.IsMemSyscall() || e.Flags&events.FlagInAlloc == 0 {
+			continue
+		}
+		inside++
+		if op, _ := e.InAllocCall(); op != events.OpMalloc && op != events.OpFree {
+			t.Errorf("%s inside %s, want inside malloc or free", e.Op, op)
+		}
+		st := stacks[e.Stack]
+		jemallocFrame := false
+		if st != nil {
+			for _, f := range st.Frames {
+				jemallocFrame = jemallocFrame || strings.Contains(f.Object, "jemalloc")
+			}
+		}
+		if !jemallocFrame || !stackHas(st, "worker_alloc") {
+			t.Errorf("%s inside the allocator: stack not unwound through jemalloc to worker_alloc:%s", e.Op, stackString(st))
+		}
+	}
+	if inside == 0 {
+		t.Error("no memory call recorded inside jemalloc's malloc or free")
 	}
 }
