@@ -361,7 +361,7 @@ type ProbeSite struct {
 	Object  string `json:"object,omitempty"` // the file probed; empty for tracepoints
 	Offset  uint64 `json:"offset,omitempty"` // from the function's start
 	Address uint64 `json:"address,omitempty"`
-	Kind    string `json:"kind"`           // uprobe, uretprobe, raw_tracepoint
+	Kind    string `json:"kind"`           // uprobe, uretprobe, raw_tracepoint, preload (interposed), preload-got (a GOT slot the shim rewrites)
 	Note    string `json:"note,omitempty"` // why an offset was chosen, or why a site was refused
 }
 

@@ -49,6 +49,7 @@ const (
 	shmFFull      = 1
 	shmFFollow    = 2
 	shmFSamples   = 4
+	shmFSyscalls  = 8
 )
 
 // shimFD is the descriptor the target finds the shared memory at: the
@@ -60,7 +61,7 @@ const shimFD = 4
 // thread calls into a ring in shared memory, in the BPF ring's record
 // layout. It needs no privileges and no kernel trap per call; what it
 // cannot see is a call that does not go through the PLT (inside one
-// object) and the system calls themselves.
+// object: glibc's own free -> madvise) and raw system calls.
 type Preload struct {
 	opts      source.Options
 	memfd     *os.File
@@ -108,7 +109,15 @@ type Syscalls interface {
 // AddSyscalls adds the kernel's view of the memory syscalls. Its events
 // are merged by time into this recorder's stream; its thread and exec
 // events are the shim's already.
-func (p *Preload) AddSyscalls(s Syscalls) { p.sys = s }
+//
+// The kernel then sees every memory syscall, the libc wrappers' too: the
+// shim is told to leave their GOT slots alone, so that each call is
+// recorded, and counted in Calls, once.
+func (p *Preload) AddSyscalls(s Syscalls) {
+	p.sys = s
+	flags := (*uint32)(unsafe.Pointer(&p.mem[shmOffFlags]))
+	atomic.StoreUint32(flags, atomic.LoadUint32(flags)|shmFSyscalls)
+}
 
 // Syscalls says whether the kernel's syscall tracepoint is added.
 func (p *Preload) Syscalls() bool { return p.sys != nil }
@@ -290,11 +299,17 @@ func (p *Preload) Sites() []events.ProbeSite {
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
 		"fork", "_Fork", "vfork", "execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle", "fexecve", "execveat",
-		"posix_spawn", "posix_spawnp", "_exit", "_Exit"} {
+		"posix_spawn", "posix_spawnp", "_exit", "_Exit", "dlopen", "dlmopen"} {
 		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	if p.sys != nil {
 		out = append(out, p.sys.Sites()...)
+	} else {
+		// libc's memory wrappers, reached through the GOT slots the
+		// shim rewrites in every object but libc.
+		for _, name := range []string{"madvise", "munmap", "mmap", "mremap", "brk", "sbrk"} {
+			out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload-got"})
+		}
 	}
 	return out
 }

@@ -183,7 +183,30 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			found = true
 			break
 		}
+		if !found && strings.Contains(object, "/") {
+			// A library the program loads later with dlopen, named by
+			// its file: armed when it is loaded.
+			path := object
+			if r, err := filepath.EvalSymlinks(path); err == nil {
+				path = r
+			}
+			o := open(path)
+			if o == nil {
+				return nil, fmt.Errorf("--probe %s: %s cannot be read", spec, object)
+			}
+			sym, err := o.Func(name)
+			if err != nil {
+				return nil, fmt.Errorf("--probe %s: %w", spec, err)
+			}
+			plan = append(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
+				Object: path, Obj: o, File: via[path], Sym: sym, UserIdx: i})
+			found = true
+		}
 		if !found {
+			if object != "" && !strings.Contains(object, "/") {
+				return nil, fmt.Errorf("--probe %s: %w in %s (a library loaded later with dlopen is named by its path: %s@/path/to/%s)",
+					spec, symbolize.ErrSymbolNotFound, strings.Join(objs, ", "), name, object)
+			}
 			return nil, fmt.Errorf("--probe %s: %w in %s", spec, symbolize.ErrSymbolNotFound, strings.Join(objs, ", "))
 		}
 	}

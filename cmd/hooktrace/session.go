@@ -46,7 +46,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file (.htr); %p, %h, %r, %t expand to the PID, host, MPI rank, start time")
 	fl.StringVar(&f.mode, "mode", source.ModeAggregate, "aggregate: send what the analysis needs and count the rest in the kernel; full: every call")
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
-	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; repeatable)")
+	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; a library loaded later with dlopen by its path; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
 	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K to 1G (K, M and G suffixes)")
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")

@@ -14,7 +14,12 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <gnu/libc-version.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <sys/auxv.h>
 #include <ucontext.h>
 #include <errno.h>
 #include <pthread.h>
@@ -92,6 +97,15 @@ static struct {
 	int (*spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
 		      char *const[], char *const[]);
 	void (*_exit)(int) __attribute__((noreturn));
+	/* Reached through GOT slots the shim rewrites, not exported. */
+	int (*madvise)(void *, size_t, int);
+	int (*munmap)(void *, size_t);
+	void *(*mmap)(void *, size_t, int, int, int, off_t);
+	void *(*mremap)(void *, size_t, size_t, int, ...);
+	int (*brk)(void *);
+	void *(*sbrk)(intptr_t);
+	void *(*dlopen)(const char *, int);
+	void *(*dlmopen)(Lmid_t, const char *, int);
 } real;
 
 /* dlsym may call calloc (for its error state) before the real allocator is
@@ -174,6 +188,14 @@ static void resolve_real(void)
 	RESOLVE(spawn, "posix_spawn");
 	RESOLVE(spawnp, "posix_spawnp");
 	RESOLVE(_exit, "_exit");
+	RESOLVE(madvise, "madvise");
+	RESOLVE(munmap, "munmap");
+	RESOLVE(mmap, "mmap");
+	RESOLVE(mremap, "mremap");
+	RESOLVE(brk, "brk");
+	RESOLVE(sbrk, "sbrk");
+	RESOLVE(dlopen, "dlopen");
+	RESOLVE(dlmopen, "dlmopen");
 	resolving = 0;
 	*(int *)tstate_self() = guard;
 	errno = saved;
@@ -409,7 +431,8 @@ static int init_process(void)
 
 /* Ends the chain cache's patterns: every lock-lifetime end calls this. A
  * wrapper of munmap or mremap must call it too (the BPF side bumps its
- * epoch at both syscalls): the locks in what they unmap or move end. */
+ * epoch at both syscalls): the locks in what they unmap or move end
+ * (rec_unmap). */
 static void lifetime_changed(void)
 {
 	__atomic_fetch_add(&lock_epoch, 1, __ATOMIC_RELAXED);
@@ -2133,6 +2156,388 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 	return r;
 }
 
+/* ---- libc's memory wrappers: rewritten GOT slots ----------------------- */
+
+/* madvise, munmap, mmap, mremap, brk and sbrk are not exported by the
+ * shim: runtimes that patch libc's memory entry points (Open MPI's
+ * patcher, UCX) look them up by name or take their address, and must find
+ * libc's, or glibc's own calls (free -> madvise) would miss their hooks.
+ * Instead the shim rewrites the objects' R_X86_64_JUMP_SLOT slots (data,
+ * not code) for these functions, where a slot still holds libc's function
+ * or is not bound yet: a slot a runtime redirected is left alone, and
+ * R_X86_64_GLOB_DAT slots are never touched, so &madvise and dlsym still
+ * give libc's function. What these wrappers do not see is glibc calling
+ * itself (free -> shrink_heap -> madvise): the kernel's tracepoint does,
+ * when hooktrace may use it. */
+
+/* A memory call, recorded at entry with the fields the BPF side's
+ * sys_enter gives it, never deduplicated (as there). */
+static void rec_mem(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 arg, __u64 fn, __u64 *frame)
+{
+	count_call(t, op);
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = addr;
+	e.size = size;
+	e.arg = arg;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	send_with_stack(t, &e, fn, frame);
+}
+
+/* munmap and mremap: the one place where the memory they give up ends the
+ * lifetimes of the locks in it (the BPF side bumps lock_epoch there). */
+static void rec_unmap(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 arg, __u64 fn, __u64 *frame)
+{
+	lifetime_changed();
+	rec_mem(t, op, addr, size, arg, fn, frame);
+}
+
+/* errno is the caller's until the real call sets it. */
+#define MEMCALL(op, rec, fn, addr, size, arg)                                              \
+	struct tstate *t = enter_op(op);                                                   \
+	if (t) {                                                                           \
+		int saved = errno;                                                         \
+		rec(t, op, (__u64)(addr), (__u64)(size), (__u64)(arg), (__u64)(fn), FRAME); \
+		errno = saved;                                                             \
+		leave(t);                                                                  \
+	}
+
+static int wrap_madvise(void *a, size_t n, int advice)
+{
+	MEMCALL(OP_MADVISE, rec_mem, real.madvise, a, n, advice)
+	return real.madvise(a, n, advice);
+}
+
+static int wrap_munmap(void *a, size_t n)
+{
+	MEMCALL(OP_MUNMAP, rec_unmap, real.munmap, a, n, 0)
+	return real.munmap(a, n);
+}
+
+static void *wrap_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off)
+{
+	MEMCALL(OP_MMAP, rec_mem, real.mmap, a, n, (__u64)(__u32)prot | ((__u64)(__u32)flags << 32))
+	return real.mmap(a, n, prot, flags, fd, off);
+}
+
+static void *wrap_mremap(void *a, size_t old, size_t n, int flags, ...)
+{
+	/* The new address is passed only with MREMAP_FIXED; reading it
+	 * otherwise reads a register, harmlessly. */
+	va_list ap;
+	va_start(ap, flags);
+	void *at = va_arg(ap, void *);
+	va_end(ap);
+	MEMCALL(OP_MREMAP, rec_unmap, real.mremap, a, old, n)
+	return real.mremap(a, old, n, flags, at);
+}
+
+static int wrap_brk(void *a)
+{
+	MEMCALL(OP_BRK, rec_mem, real.brk, a, 0, 0)
+	return real.brk(a);
+}
+
+/* sbrk is a brk call to the current break plus the increment, as the
+ * kernel would see it (sbrk(0) makes none, but is the program's call). */
+static void *wrap_sbrk(intptr_t incr)
+{
+	struct tstate *t = enter_op(OP_BRK);
+	if (t) {
+		int saved = errno;
+		__u64 cur = (__u64)real.sbrk(0);
+		rec_mem(t, OP_BRK, cur + (__u64)incr, 0, 0, (__u64)real.sbrk, FRAME);
+		errno = saved;
+		leave(t);
+	}
+	return real.sbrk(incr);
+}
+
+static const struct memcall {
+	const char *name;
+	void *wrapper;
+	void **real; /* what a slot bound to libc holds */
+} memcalls[] = {
+	{"madvise", (void *)wrap_madvise, (void **)&real.madvise},
+	{"munmap", (void *)wrap_munmap, (void **)&real.munmap},
+	{"mmap", (void *)wrap_mmap, (void **)&real.mmap},
+	{"mmap64", (void *)wrap_mmap, (void **)&real.mmap},
+	{"mremap", (void *)wrap_mremap, (void **)&real.mremap},
+	{"brk", (void *)wrap_brk, (void **)&real.brk},
+	{"sbrk", (void *)wrap_sbrk, (void **)&real.sbrk},
+};
+
+/* Whether the page at addr is writable now, from /proc/self/maps (read
+ * without allocating). Full RELRO makes a GOT read-only once, after its
+ * object is relocated: a page seen writable is one the loader may still be
+ * writing, and must not be made read-only under it. -1 when unknown. */
+static int page_writable(__u64 addr)
+{
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	char buf[4096];
+	size_t have = 0;
+	int found = -1;
+	for (;;) {
+		ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+		buf[have] = 0;
+		char *line = buf, *nl;
+		while ((nl = strchr(line, '\n')) != NULL) {
+			char *p = line;
+			__u64 lo = 0, hi = 0;
+			for (; *p && *p != '-'; p++)
+				lo = lo * 16 + (__u64)(*p <= '9' ? *p - '0' : (*p | 0x20) - 'a' + 10);
+			for (p++; *p && *p != ' '; p++)
+				hi = hi * 16 + (__u64)(*p <= '9' ? *p - '0' : (*p | 0x20) - 'a' + 10);
+			if (addr >= lo && addr < hi && p + 2 < nl) {
+				found = p[2] == 'w';
+				break;
+			}
+			line = nl + 1;
+		}
+		if (found >= 0)
+			break;
+		have = (size_t)(buf + have - line);
+		memmove(buf, line, have);
+		if (have == sizeof(buf) - 1)
+			have = 0; /* a line longer than the buffer: no mapping line is */
+	}
+	close(fd);
+	return found;
+}
+
+/* Stores v in the GOT slot at slot, through a read-only (RELRO) page if
+ * need be, restoring its protection. */
+static int write_slot(__u64 slot, __u64 v)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	void *pg = (void *)(slot & ~(__u64)(page - 1));
+	int w = page_writable(slot);
+	if (w < 0)
+		return 0;
+	if (w) {
+		__atomic_store_n((__u64 *)slot, v, __ATOMIC_RELEASE);
+		return 1;
+	}
+	if (mprotect(pg, (size_t)page, PROT_READ | PROT_WRITE) != 0)
+		return 0;
+	__atomic_store_n((__u64 *)slot, v, __ATOMIC_RELEASE);
+	mprotect(pg, (size_t)page, PROT_READ);
+	return 1;
+}
+
+/* An address of the object's own (a lazily bound slot points at its PLT). */
+static int in_object(struct dl_phdr_info *info, __u64 a)
+{
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type == PT_LOAD && a >= info->dlpi_addr + ph->p_vaddr &&
+		    a < info->dlpi_addr + ph->p_vaddr + ph->p_memsz)
+			return 1;
+	}
+	return 0;
+}
+
+static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	__u64 base = info->dlpi_addr;
+	/* Not libc (whose own calls are direct anyway), the loader, the vDSO
+	 * or the shim itself. */
+	if (in_object(info, (__u64)real.madvise) || in_object(info, (__u64)gnu_get_libc_version) || base == getauxval(AT_BASE) ||
+	    base == getauxval(AT_SYSINFO_EHDR) || in_object(info, (__u64)patch_object))
+		return 0;
+	const ElfW(Dyn) *dyn = NULL;
+	for (int i = 0; i < info->dlpi_phnum; i++)
+		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+			dyn = (const ElfW(Dyn) *)(base + info->dlpi_phdr[i].p_vaddr);
+	if (!dyn)
+		return 0;
+	__u64 jmprel = 0, pltrelsz = 0, symtab = 0, strtab = 0, pltrel = 0;
+	for (; dyn->d_tag != DT_NULL; dyn++) {
+		switch (dyn->d_tag) {
+		case DT_JMPREL:
+			jmprel = dyn->d_un.d_ptr;
+			break;
+		case DT_PLTRELSZ:
+			pltrelsz = dyn->d_un.d_val;
+			break;
+		case DT_SYMTAB:
+			symtab = dyn->d_un.d_ptr;
+			break;
+		case DT_STRTAB:
+			strtab = dyn->d_un.d_ptr;
+			break;
+		case DT_PLTREL:
+			pltrel = dyn->d_un.d_val;
+			break;
+		}
+	}
+	if (!jmprel || !symtab || !strtab || pltrel != DT_RELA)
+		return 0;
+	/* The loader relocated these in place; an executable at 0 needs no
+	 * relocation. */
+	if (jmprel < base)
+		jmprel += base, symtab += base, strtab += base;
+	const ElfW(Rela) *r = (const ElfW(Rela) *)jmprel;
+	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
+	for (size_t i = 0; i < pltrelsz / sizeof(*r); i++) {
+		if (ELF64_R_TYPE(r[i].r_info) != R_X86_64_JUMP_SLOT)
+			continue;
+		const ElfW(Sym) *sym = &syms[ELF64_R_SYM(r[i].r_info)];
+		/* A symbol the object defines (an executable's canonical PLT
+		 * entry, whose address the program took) is left alone. */
+		if (sym->st_shndx != SHN_UNDEF || sym->st_value != 0)
+			continue;
+		const char *name = (const char *)strtab + sym->st_name;
+		for (size_t k = 0; k < sizeof(memcalls) / sizeof(memcalls[0]); k++) {
+			if (strcmp(name, memcalls[k].name) != 0)
+				continue;
+			__u64 slot = base + r[i].r_offset;
+			__u64 cur = __atomic_load_n((__u64 *)slot, __ATOMIC_ACQUIRE);
+			if (cur == (__u64)memcalls[k].wrapper)
+				break;
+			/* libc's function, or the object's own PLT (bound lazily,
+			 * not yet called): anything else is a runtime's. */
+			if (cur == (__u64)*memcalls[k].real || (cur && in_object(info, cur)))
+				write_slot(slot, (__u64)memcalls[k].wrapper);
+			break;
+		}
+	}
+	return 0;
+}
+
+static void arm_probes(void);
+static int patch_lock;
+
+/* The objects loaded so far: their memory calls and the probes in them.
+ * Under the kernel's tracepoint the memory calls are its alone. */
+static void instrument_objects(void)
+{
+	while (__atomic_exchange_n(&patch_lock, 1, __ATOMIC_ACQUIRE))
+		__builtin_ia32_pause();
+	if (!(cfg_flags & SHM_F_SYSCALLS) && real.madvise)
+		dl_iterate_phdr(patch_object, NULL);
+	arm_probes();
+	__atomic_store_n(&patch_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* dlopen and dlmopen: what they loaded is instrumented as what was there
+ * at start. (Exporting these is safe: no runtime patches them.)
+ *
+ * glibc's dlopen takes its caller from its return address: the caller's
+ * RUNPATH and $ORIGIN find the library, its namespace receives it. So the
+ * real dlopen must see the program's return address, not the shim's, yet
+ * return to the shim. It is entered with a return address inside the
+ * caller's object that holds a ret instruction, and that ret returns to
+ * the shim (a return-address swap like the --probe exit stub's; neither
+ * works under a hardware shadow stack, which glibc 2.36 does not enable). */
+__attribute__((used, visibility("hidden"))) void *dl_real_fn[2];
+
+struct gadget_search {
+	__u64 pc;
+	__u64 found;
+};
+
+static int find_gadget(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct gadget_search *gs = data;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		__u64 lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_filesz;
+		if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X) || gs->pc < lo || gs->pc >= hi)
+			continue;
+		for (__u64 a = lo; a < hi; a++)
+			if (*(const __u8 *)a == 0xc3) {
+				gs->found = a;
+				break;
+			}
+		return 1;
+	}
+	return 0;
+}
+
+/* Where the real dlopen should return to for a call from caller (0 when
+ * the caller is in no object: JIT code, which glibc treats as the
+ * executable's anyway); resolves the real functions first. */
+__attribute__((used, visibility("hidden"))) __u64 dl_gadget(__u64 caller)
+{
+	int saved = errno;
+	if (!real.dlopen || !real.dlmopen)
+		resolve_real();
+	dl_real_fn[0] = (void *)real.dlopen;
+	dl_real_fn[1] = (void *)real.dlmopen;
+	struct gadget_search gs = {caller, 0};
+	if (!in_shim(caller))
+		dl_iterate_phdr(find_gadget, &gs);
+	errno = saved;
+	return gs.found;
+}
+
+__attribute__((used, visibility("hidden"))) void dl_loaded(void *h)
+{
+	if (!h)
+		return;
+	int saved = errno;
+	struct tstate *t = enter();
+	if (t) {
+		instrument_objects();
+		leave(t);
+	}
+	errno = saved;
+}
+
+/* The stubs: keep the arguments (dlmopen has three), find the gadget, and
+ * enter the real function with the gadget, then the continuation, as the
+ * return addresses; the stack is as at a call (rsp+8 16-byte aligned).
+ * At the continuation, or after a plain call when there is no gadget,
+ * dl_loaded gets the handle, which is then returned. */
+#define DL_STUB(name, index)                                       \
+	".text\n"                                                  \
+	".globl " name "\n"                                        \
+	".type " name ",@function\n" name ":\n"                    \
+	"\t.cfi_startproc\n"                                       \
+	"\tpush %rbp\n"                                            \
+	"\t.cfi_def_cfa_offset 16\n"                               \
+	"\t.cfi_offset %rbp, -16\n"                                \
+	"\tmov %rsp, %rbp\n"                                       \
+	"\t.cfi_def_cfa_register %rbp\n"                           \
+	"\tsub $32, %rsp\n"                                        \
+	"\tmov %rdi, -8(%rbp)\n"                                   \
+	"\tmov %rsi, -16(%rbp)\n"                                  \
+	"\tmov %rdx, -24(%rbp)\n"                                  \
+	"\tmov 8(%rbp), %rdi\n"                                    \
+	"\tcall dl_gadget\n"                                       \
+	"\tmov -8(%rbp), %rdi\n"                                   \
+	"\tmov -16(%rbp), %rsi\n"                                  \
+	"\tmov -24(%rbp), %rdx\n"                                  \
+	"\tmov dl_real_fn+" index "(%rip), %r11\n"                 \
+	"\ttest %rax, %rax\n"                                      \
+	"\tjz 1f\n"                                                \
+	"\tlea 2f(%rip), %rcx\n"                                   \
+	"\tmov %rcx, -16(%rbp)\n"                                  \
+	"\tmov %rax, -24(%rbp)\n"                                  \
+	"\tlea -24(%rbp), %rsp\n"                                  \
+	"\tjmp *%r11\n"                                            \
+	"1:\tcall *%r11\n"                                         \
+	"2:\tmov %rax, -8(%rbp)\n"                                 \
+	"\tand $-16, %rsp\n"                                       \
+	"\tmov %rax, %rdi\n"                                       \
+	"\tcall dl_loaded\n"                                       \
+	"\tmov -8(%rbp), %rax\n"                                   \
+	"\tleave\n"                                                \
+	"\t.cfi_def_cfa %rsp, 8\n"                                 \
+	"\tret\n"                                                  \
+	"\t.cfi_endproc\n"                                         \
+	".size " name ", .-" name "\n"
+
+__asm__(DL_STUB("dlopen", "0") DL_STUB("dlmopen", "8"));
+
 /* ---- --probe: breakpoints handled in the process ---------------------- */
 
 /* A function the user named, reached by calls inside its own object as
@@ -2292,7 +2697,8 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
 {
 	ucontext_t *uc = ucv;
 	__u64 at = (__u64)uc->uc_mcontext.gregs[REG_RIP] - 1;
-	for (int i = 0; i < nprobes; i++) {
+	int armed = __atomic_load_n(&nprobes, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < armed; i++) {
 		if (probes[i].addr != at)
 			continue;
 		int saved = errno;
@@ -2354,20 +2760,30 @@ static int find_object(struct dl_phdr_info *info, size_t size, void *data)
 	return 0;
 }
 
-/* Arms the probes of the table, in the constructor: before main, before
- * any thread but this one runs. A function whose live first bytes are not
- * the file's (a runtime patched it) is left alone. */
-static void install_probes(void)
+/* Arms the table's probes in the objects loaded so far: in the
+ * constructor (before main, before any thread but this one runs), then
+ * after each dlopen for a library loaded later. A function whose live
+ * first bytes are not the file's (a runtime patched it) is left alone. */
+static __u8 probe_done[SHM_PROBES]; /* armed, or refused for good */
+static int trap_installed;
+
+static void arm_probes(void)
 {
 	__u32 n = *H32(SHM_OFF_NPROBES);
 	if (n == 0 || n > SHM_PROBES)
 		return;
 	long page = sysconf(_SC_PAGESIZE);
+	int first = nprobes;
 	for (__u32 i = 0; i < n; i++) {
+		if (probe_done[i])
+			continue;
 		const struct shm_probe *sp = (const struct shm_probe *)(shm + SHM_OFF_PROBES + i * SHM_PROBE_BYTES);
 		struct probe_search ps = {sp, 0};
 		dl_iterate_phdr(find_object, &ps);
-		if (!ps.addr || sp->len == 0 || sp->len > 15 || memcmp((void *)ps.addr, sp->insn, sp->len) != 0)
+		if (!ps.addr)
+			continue; /* not loaded (yet) */
+		probe_done[i] = 1;
+		if (sp->len == 0 || sp->len > 15 || memcmp((void *)ps.addr, sp->insn, sp->len) != 0)
 			continue;
 		/* The displaced copy goes within 2 GiB of the function, so a
 		 * rip-relative operand can still reach its target. */
@@ -2398,17 +2814,24 @@ static void install_probes(void)
 		memcpy(j + 6, &back, 8);
 		mprotect(tramp, (size_t)page, PROT_READ | PROT_EXEC);
 		probes[nprobes] = (struct probe){ps.addr, tramp, sp->index};
-		nprobes++;
+		/* Published whole: other threads may be trapping already. */
+		__atomic_store_n(&nprobes, nprobes + 1, __ATOMIC_RELEASE);
 	}
-	if (nprobes == 0)
+	if (nprobes == first)
 		return;
-	struct sigaction sa;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_sigaction = on_trap;
-	sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
-	sigfillset(&sa.sa_mask);
-	sigaction(SIGTRAP, &sa, &old_trap);
-	for (int i = 0; i < nprobes; i++) {
+	if (!trap_installed) {
+		struct sigaction sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_sigaction = on_trap;
+		sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
+		sigfillset(&sa.sa_mask);
+		sigaction(SIGTRAP, &sa, &old_trap);
+		trap_installed = 1;
+	}
+	/* One byte, written whole: a thread already running the function
+	 * (a library's constructor started it) sees the old byte or the
+	 * int3, either of which runs right. */
+	for (int i = first; i < nprobes; i++) {
 		__u64 pg = probes[i].addr & ~(__u64)(page - 1);
 		if (mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE | PROT_EXEC) != 0)
 			continue;
@@ -2433,7 +2856,7 @@ __attribute__((constructor)) static void shim_init(void)
 {
 	struct tstate *t = enter();
 	if (t) {
-		install_probes();
+		instrument_objects();
 		leave(t);
 	}
 }

@@ -59,6 +59,10 @@ struct shm_probe {
 #define SHM_F_FULL 1    /* record every call */
 #define SHM_F_FOLLOW 2  /* record in forked children */
 #define SHM_F_SAMPLES 4 /* raw stack samples inside allocator calls */
+/* The kernel's sys_enter tracepoint records every memory syscall: the
+ * shim leaves the GOT slots of libc's memory wrappers alone, so no call is
+ * recorded twice. */
+#define SHM_F_SYSCALLS 8
 
 /* Every ring record starts with this, 16-byte aligned; the body (a record
  * of hooktrace.h) follows. seq is stored last, with release order: the

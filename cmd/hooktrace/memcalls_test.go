@@ -1,0 +1,173 @@
+//go:build linux && amd64
+
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
+)
+
+// TestPreloadMemoryCalls: as an ordinary user, a program that calls
+// mmap, madvise, mremap and munmap 5 times each and sbrk once, through
+// the PLT. The preload recorder sees each call (through the GOT slots
+// the shim rewrites), counts it exactly, and records it with the
+// program's function on its stack and the call's arguments.
+func TestPreloadMemoryCalls(t *testing.T) {
+	prog := testenv.Program(t, "memcalls")
+	report, read := nobodyReport(t)
+	trace := filepath.Join(filepath.Dir(report), "memcalls.htr")
+	cmd := asNobody(t, prog, hooktraceBin, "run", "--recorder", "preload", "--report", "json:"+report, "-o", trace,
+		"--fail-on", "none", "--", prog)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hooktrace as nobody: %v", err)
+	}
+	rep := parseReport(t, read())
+	want := map[string]uint64{"mmap": 5, "madvise": 5, "mremap": 5, "munmap": 5, "brk": 1}
+	for op, n := range want {
+		if rep.Stats.Calls[op] != n {
+			t.Errorf("calls.%s = %d, want %d (calls %v)", op, rep.Stats.Calls[op], n, rep.Stats.Calls)
+		}
+	}
+	if rep.Stats.LostEvents != 0 || !rep.Stats.Complete {
+		t.Errorf("lost %d, complete %v", rep.Stats.LostEvents, rep.Stats.Complete)
+	}
+	evs, stacks, _ := readTrace(t, trace)
+	seen := map[events.Op]int{}
+	for _, e := range evs {
+		if !e.Op.IsMemSyscall() {
+			continue
+		}
+		seen[e.Op]++
+		if st := stacks[e.Stack]; !stackHas(st, "map_and_release") || !stackHas(st, "main") {
+			t.Errorf("%s at %#x: stack lacks map_and_release and main:%s", e.Op, e.Addr, stackString(st))
+		}
+		switch e.Op {
+		case events.OpMadvise:
+			if e.Size != 1<<20 || e.Arg != 4 { // MADV_DONTNEED
+				t.Errorf("madvise size %d advice %d, want 1 MiB, 4", e.Size, e.Arg)
+			}
+		case events.OpMremap:
+			if e.Size != 1<<20 || e.Arg != 2<<20 {
+				t.Errorf("mremap from %d to %d, want 1 MiB to 2 MiB", e.Size, e.Arg)
+			}
+		case events.OpMunmap:
+			if e.Size != 2<<20 {
+				t.Errorf("munmap of %d, want 2 MiB", e.Size)
+			}
+		}
+	}
+	for _, op := range []events.Op{events.OpMmap, events.OpMadvise, events.OpMremap, events.OpMunmap, events.OpBrk} {
+		if uint64(seen[op]) != want[op.String()] {
+			t.Errorf("%d %s events, want %d", seen[op], op, want[op.String()])
+		}
+	}
+}
+
+// TestAutoMemoryCallsCountedOnce: under auto with eBPF permitted, the
+// kernel's sys_enter tracepoint sees every memory syscall, the libc
+// wrappers' too, so the shim leaves their GOT slots alone and each call is
+// counted once. Only madvise and mremap are the program's alone (the loader
+// maps and unmaps memory itself, which the kernel sees as well).
+func TestAutoMemoryCallsCountedOnce(t *testing.T) {
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "memcalls")
+	out, _, stderr, code := runJSON(t, "--recorder", "auto", "--fail-on", "none", "--", prog)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	rep := parseReport(t, out)
+	if rep.Stats.Calls["madvise"] != 5 || rep.Stats.Calls["mremap"] != 5 || rep.Stats.Calls["munmap"] < 5 {
+		t.Errorf("calls %v: want 5 madvise and 5 mremap, counted once", rep.Stats.Calls)
+	}
+}
+
+// TestPreloadProbeInDlopenedLibrary: --probe names a function of a
+// library the program loads later with dlopen, by its path. The preload
+// recorder arms it when the library is loaded, and every call fires, also
+// as an ordinary user. Loaded by name, the library is found through the
+// program's own RUNPATH, as untraced: the shim's dlopen hands glibc the
+// program's return address, from which glibc takes the caller's search
+// path (an interposer that called dlopen itself would make the shim the
+// caller, and the library would not be found).
+func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
+	lib := testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "plugin.c"), Name: "libplugin.so",
+		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
+	for _, c := range []struct {
+		name, prog, arg string
+	}{
+		{"by path", testenv.Program(t, "memcalls"), lib},
+		{"by name", testenv.Program(t, "memcalls", "-Wl,-rpath,"+filepath.Dir(lib), "-Wl,--enable-new-dtags"), "libplugin.so"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			report, read := nobodyReport(t)
+			cmd := asNobody(t, c.prog, hooktraceBin, "run", "--recorder", "preload", "--report", "json:"+report,
+				"--probe", "plugin_step@"+lib, "--fail-on", "none", "--", c.prog, c.arg)
+			cmd.Stderr = os.Stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("hooktrace as nobody: %v", err)
+			}
+			rep := parseReport(t, read())
+			if rep.Stats.ExitStatus == nil || *rep.Stats.ExitStatus != 0 {
+				t.Fatalf("the program exited with %v: it did not load its library", rep.Stats.ExitStatus)
+			}
+			if rep.Stats.Calls["probe_enter"] != 3 || rep.Stats.Calls["probe_exit"] != 3 {
+				t.Errorf("calls %v: want 3 probe_enter and 3 probe_exit", rep.Stats.Calls)
+			}
+			// The library's own lock calls are seen too, and the
+			// program's memory calls still are.
+			if rep.Stats.Calls["pthread_mutex_lock"] < 3 || rep.Stats.Calls["madvise"] != 5 {
+				t.Errorf("calls %v: want the plugin's 3 locks and the program's 5 madvise calls", rep.Stats.Calls)
+			}
+		})
+	}
+}
+
+// TestPreloadMemoryCallsInsideAllocator: jemalloc, preloaded, maps and
+// advises memory through the PLT from inside malloc and free. The preload
+// recorder records those calls flagged as inside the allocator call,
+// naming it, with a raw stack copy that hooktrace unwinds through
+// jemalloc (built without frame pointers) to the program's caller, as the
+// BPF side's syscall tracepoint does.
+func TestPreloadMemoryCallsInsideAllocator(t *testing.T) {
+	const je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	testenv.File(t, je, "apt-get install -y libjemalloc2")
+	trace := filepath.Join(t.TempDir(), "je.htr")
+	cmd := exec.Command(hooktraceBin, "run", "--recorder", "preload", "--ignore-target-status", "--fail-on", "none",
+		"-o", trace, "--", testenv.Program(t, "mallocs"))
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+je)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	evs, stacks, _ := readTrace(t, trace)
+	inside := 0
+	for _, e := range evs {
+		if !e.Op.IsMemSyscall() || e.Flags&events.FlagInAlloc == 0 {
+			continue
+		}
+		inside++
+		if op, _ := e.InAllocCall(); op != events.OpMalloc && op != events.OpFree {
+			t.Errorf("%s inside %s, want inside malloc or free", e.Op, op)
+		}
+		st := stacks[e.Stack]
+		jemallocFrame := false
+		if st != nil {
+			for _, f := range st.Frames {
+				jemallocFrame = jemallocFrame || strings.Contains(f.Object, "jemalloc")
+			}
+		}
+		if !jemallocFrame || !stackHas(st, "worker_alloc") {
+			t.Errorf("%s inside the allocator: stack not unwound through jemalloc to worker_alloc:%s", e.Op, stackString(st))
+		}
+	}
+	if inside == 0 {
+		t.Error("no memory call recorded inside jemalloc's malloc or free")
+	}
+}

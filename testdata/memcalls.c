@@ -1,0 +1,41 @@
+/* Calls libc's memory wrappers directly, through the PLT, a known number
+ * of times: 5 each of mmap, madvise, mremap and munmap, and one sbrk(0).
+ * With a library's path as argument it then loads it with dlopen and
+ * calls its plugin_step 3 times. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static void *volatile keep;
+
+__attribute__((noinline)) void map_and_release(void)
+{
+	for (int i = 0; i < 5; i++) {
+		char *p = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			return;
+		p[0] = 1;
+		madvise(p, 1 << 20, MADV_DONTNEED);
+		void *q = mremap(p, 1 << 20, 2 << 20, MREMAP_MAYMOVE);
+		munmap(q, 2 << 20);
+	}
+	keep = sbrk(0);
+}
+
+int main(int argc, char **argv)
+{
+	map_and_release();
+	if (argc < 2)
+		return 0;
+	void *h = dlopen(argv[1], RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "%s\n", dlerror());
+		return 1;
+	}
+	void (*step)(int) = (void (*)(int))dlsym(h, "plugin_step");
+	for (int i = 0; i < 3; i++)
+		step(i);
+	return 0;
+}
