@@ -758,17 +758,18 @@ static __always_inline int is_unlock(__u32 op)
  * pthread_spin_init both store 0 to the lock word), the call is told apart
  * by this: releasing a lock the thread does not hold is undefined, so such
  * a call is an init. A lock taken before tracing began (an attach) is not
- * in the array either, but its word is still nonzero, which lock_word_free
- * tells: that call is its release. Read as an init it would start a new
+ * in the array either, but its word still says held (spin_word_held):
+ * that call is its release. Read as an init it would start a new
  * lifetime of a lock still in use, and a cycle between the two. */
-/* Whether the lock word at lock reads as free (0), as it is before an init
- * of static or zeroed memory, and never is before a held spinlock's release.
- * Unreadable counts as free. */
-static __always_inline int lock_word_free(__u64 lock)
+/* Whether the spinlock word at lock reads as held: glibc's
+ * pthread_spin_lock stores exactly 1. Memory about to be initialised holds
+ * 0, or whatever was there (a freed chunk's allocator pointers), hardly
+ * ever 1. */
+static __always_inline int spin_word_held(__u64 lock)
 {
 	__u32 word = 0;
 	bpf_probe_read_user(&word, sizeof(word), (void *)lock);
-	return word == 0;
+	return word == 1;
 }
 
 static __always_inline int may_hold(struct thread_state *st, __u64 lock)
@@ -852,7 +853,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		return 0;
 	}
 	if (is_unlock(op) && COOKIE_ALIAS(cookie) && !may_hold(st, PT_REGS_PARM1(ctx)) &&
-	    lock_word_free(PT_REGS_PARM1(ctx)))
+	    !spin_word_held(PT_REGS_PARM1(ctx)))
 		op = COOKIE_ALIAS(cookie);
 	/* The high half means this only for lock probes. */
 	if (op >= OP_MUTEX_LOCK && op <= OP_SPIN_UNLOCK && COOKIE_REFIRES(cookie) &&
