@@ -94,6 +94,10 @@ type sysPending struct {
 // numbers the stacks and watches the processes of both.
 type Syscalls interface {
 	Attach(pid int, exe string) error
+	// WatchShim lets the tracepoint read, in every process that loads
+	// the library at lib, whether a thread is inside an allocator call:
+	// the library names where it keeps that by calling symbol.
+	WatchShim(lib, symbol string) error
 	On() error
 	// Stop turns the tracepoints off; what they recorded stays to read.
 	Stop()
@@ -105,10 +109,22 @@ type Syscalls interface {
 	Close() error
 }
 
-// AddSyscalls adds the kernel's view of the memory syscalls. Its events
-// are merged by time into this recorder's stream; its thread and exec
-// events are the shim's already.
-func (p *Preload) AddSyscalls(s Syscalls) { p.sys = s }
+// shimReady is the shim's function that names where its per-thread
+// allocator state lies, for the kernel's tracepoint.
+const shimReady = "hooktrace_shim_ready"
+
+// AddSyscalls adds the kernel's view of the memory syscalls, before the
+// target starts. Its events are merged by time into this recorder's
+// stream; its thread and exec events are the shim's already. It reads the
+// shim's per-thread state, so that a syscall glibc makes inside free is
+// flagged inside that free on both sides.
+func (p *Preload) AddSyscalls(s Syscalls) error {
+	if err := s.WatchShim(p.shim, shimReady); err != nil {
+		return err
+	}
+	p.sys = s
+	return nil
+}
 
 // Syscalls says whether the kernel's syscall tracepoint is added.
 func (p *Preload) Syscalls() bool { return p.sys != nil }
@@ -291,6 +307,7 @@ func (p *Preload) Sites() []events.ProbeSite {
 		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
 	}
 	if p.sys != nil {
+		out = append(out, events.ProbeSite{Name: shimReady, Object: "libhooktrace_preload.so", Kind: "uprobe"})
 		out = append(out, p.sys.Sites()...)
 	}
 	return out

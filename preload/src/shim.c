@@ -209,10 +209,9 @@ struct held_lock {
 struct tstate {
 	int guard;   /* inside the shim: forward unrecorded */
 	int inited;  /* for this process (a fork starts again) */
-	__u32 tid;
-	__u32 alloc_depth; /* allocator calls live on this thread */
-	__u32 alloc_op;
-	__u32 alloc_seq;
+	/* The thread's TID and allocator call, which the kernel's sys_enter
+	 * tracepoint reads too (hooktrace_shim_ready). */
+	struct shim_alloc_state shared;
 	__u64 alloc_sp; /* the outermost allocator call's return-address slot */
 	__u64 *calls;   /* this thread's counter slot, NULL for the shared one */
 	__u64 stack_hi; /* how far up the thread's stack may be read, 0 when unknown */
@@ -268,6 +267,28 @@ static __u64 now(void)
 	return (__u64)t.tv_sec * 1000000000ULL + (__u64)t.tv_nsec;
 }
 
+/* The kernel's sys_enter tracepoint reads a thread's t->shared at the
+ * thread pointer plus offset, once its uprobe on this function has
+ * learned offset: a memory syscall glibc makes inside free is then
+ * flagged as inside that free, as the shim's own records are. Exported
+ * and never inlined, so the probe has a symbol to attach to and offset
+ * is in the first argument register. */
+EXPORT __attribute__((noinline)) void hooktrace_shim_ready(long offset)
+{
+	__asm__ volatile("" : : "r"(offset) : "memory");
+}
+
+/* Names the offset of t->shared from the thread pointer to the kernel
+ * side, once per process image that records. ts is initial-exec TLS, at
+ * one offset from every thread's thread pointer (%fs:0 holds the
+ * pointer itself, which the kernel keeps as the task's fsbase). */
+static void announce_shared(void)
+{
+	unsigned long tp;
+	__asm__("mov %%fs:0, %0" : "=r"(tp));
+	hooktrace_shim_ready((long)((unsigned long)&ts.shared - tp));
+}
+
 /* Maps the memfd hooktrace passed, once per process image; returns
  * whether this call did it. */
 static int init_process(void)
@@ -299,6 +320,8 @@ static int init_process(void)
 			cfg_flags = *H32(SHM_OFF_FLAGS);
 			my_pid = getpid();
 			active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
+			if (active)
+				announce_shared();
 		} else if (all != MAP_FAILED) {
 			munmap(all, (size_t)st.st_size);
 		}
@@ -475,11 +498,11 @@ static void thread_init(struct tstate *t)
 {
 	int saved = errno;
 	memset(t, 0, sizeof(*t));
-	t->tid = (__u32)syscall(SYS_gettid);
+	t->shared.tid = (__u32)syscall(SYS_gettid);
 	__u32 slot = __atomic_fetch_add(H32(SHM_OFF_NEXT_SLOT), 1, __ATOMIC_RELAXED);
 	if (slot < SHM_SLOTS)
 		t->calls = H64(SHM_OFF_SLOTS) + (__u64)slot * SHM_SLOT_OPS;
-	if (t->tid == my_pid)
+	if (t->shared.tid == my_pid)
 		t->stack_hi = (__u64)__libc_stack_end;
 	t->inited = 1;
 	errno = saved;
@@ -618,7 +641,7 @@ static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __
 		return 0;
 	}
 	struct sample *r = (struct sample *)p;
-	__u64 id = (1ULL << 63) | ((__u64)t->tid << 32) |
+	__u64 id = (1ULL << 63) | ((__u64)t->shared.tid << 32) |
 		   (__atomic_fetch_add(&sample_seq, 1, __ATOMIC_RELAXED) & 0xffffffff);
 	r->type = REC_SAMPLE;
 	r->len = (__u32)len;
@@ -653,7 +676,7 @@ static void event_init(struct event *e, struct tstate *t, __u32 op)
 	e->type = REC_EVENT;
 	e->op = op;
 	e->pid = my_pid;
-	e->tid = t->tid;
+	e->tid = t->shared.tid;
 	e->time = now();
 }
 
@@ -787,10 +810,10 @@ static int dedupable(struct tstate *t)
 
 static void alloc_context(struct tstate *t, struct event *e)
 {
-	if (!t->alloc_depth)
+	if (!t->shared.alloc_depth)
 		return;
 	e->flags |= F_IN_ALLOC;
-	e->addr2 = t->alloc_op | ((__u64)t->alloc_seq << 16);
+	e->addr2 = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
 }
 
 /* An allocator call's entry. Returns nothing: the call is made by the
@@ -798,11 +821,11 @@ static void alloc_context(struct tstate *t, struct event *e)
 static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
 {
 	count_call(t, op);
-	int nested = t->alloc_depth > 0;
-	__u64 outer = t->alloc_op | ((__u64)t->alloc_seq << 16);
+	int nested = t->shared.alloc_depth > 0;
+	__u64 outer = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
 	if (!nested) {
-		t->alloc_seq++;
-		t->alloc_op = op;
+		t->shared.alloc_seq++;
+		t->shared.alloc_op = op;
 		t->alloc_sp = (__u64)&frame[1];
 	}
 	/* A free that may end a lock's lifetime is sent: the analysis ends
@@ -841,7 +864,7 @@ static void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 
 {
 	count_call(t, op);
 	__u64 key = 0;
-	if (dedupable(t) && t->nheld < MAX_HELD && !t->alloc_depth) {
+	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
 		key = pattern_key(t, op, lock, 0);
 		__u64 known = pattern_seen(t, key);
 		if (known) {
@@ -948,11 +971,11 @@ static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u6
 	if (!t)                                                                                \
 		return call;                                                                   \
 	rec_alloc(t, op, (__u64)real.field, FRAME, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
-	t->alloc_depth++;                                                                      \
+	t->shared.alloc_depth++;                                                               \
 	leave(t);                                                                              \
 	rtype r = call;                                                                        \
-	t->alloc_depth--;                                                                      \
-	if (!t->alloc_depth)                                                                   \
+	t->shared.alloc_depth--;                                                               \
+	if (!t->shared.alloc_depth)                                                            \
 		t->alloc_sp = 0;                                                               \
 	return r;
 
@@ -1068,7 +1091,7 @@ EXPORT void free(void *p)
 	}
 	rec_alloc(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
 	struct mapping unmapped = mmapped_chunk(p);
-	t->alloc_depth++;
+	t->shared.alloc_depth++;
 	leave(t);
 	real.free(p);
 	if (unmapped.len && !t->guard) {
@@ -1076,8 +1099,8 @@ EXPORT void free(void *p)
 		rec_free_munmap(t, unmapped, FRAME);
 		leave(t);
 	}
-	t->alloc_depth--;
-	if (!t->alloc_depth)
+	t->shared.alloc_depth--;
+	if (!t->shared.alloc_depth)
 		t->alloc_sp = 0;
 }
 
@@ -1427,7 +1450,7 @@ static void *thread_start(void *p)
 		struct event e;
 		event_init(&e, t, OP_THREAD_CREATE);
 		e.tid = s.parent_tid;
-		e.arg = t->tid;
+		e.arg = t->shared.tid;
 		e.addr = my_pid;
 		e.stack = s.stack;
 		event_send(&e);
@@ -1457,7 +1480,7 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 	}
 	s->fn = fn;
 	s->arg = arg;
-	s->parent_tid = t->tid;
+	s->parent_tid = t->shared.tid;
 	s->stack = take_stack(t, (__u64)real.create, FRAME);
 	leave(t);
 	int r = real.create(th, attr, thread_start, s);
@@ -1486,6 +1509,8 @@ static void after_fork_child(void)
 	active = shm && (cfg_flags & SHM_F_FOLLOW);
 	ts.inited = 0;
 	ts.guard = 0;
+	if (active)
+		announce_shared();
 }
 
 EXPORT pid_t fork(void)
