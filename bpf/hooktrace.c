@@ -535,6 +535,7 @@ struct sample_at {
 	__u64 ret_slot;
 	__u32 pid;
 	__u32 op;
+	__u64 until; /* the allocator call's return slot, when st has none */
 };
 
 /* A global function: the verifier checks it once, not at each of the
@@ -546,7 +547,7 @@ __attribute__((noinline)) __u64 take_sample(struct thread_state *st, struct samp
 		return 0;
 	__u32 pid = at->pid;
 	__u64 ip = at->ip, sp = at->sp, bp = at->bp;
-	__u64 until = st->alloc_sp;
+	__u64 until = at->until ? at->until : st->alloc_sp;
 	__u64 key = sample_key(st, pid, at->op, ip, sp, at->ret_slot);
 	if (key) {
 		__u64 *known = bpf_map_lookup_elem(&seen_samples, &key);
@@ -1131,22 +1132,24 @@ int uprobe_shim_ready(struct pt_regs *ctx)
  * recorder tells it: its state for the calling thread, at the thread
  * pointer plus the offset it named. Without allocator probes in_alloc
  * knows no call. The state must be the thread's own (a fork child's copy
- * of its parent's is not until it records). */
-static __always_inline void shim_alloc_context(struct event *e, __u64 id)
+ * of its parent's is not until it records). Returns the allocator call's
+ * return slot, where a sample may end, or 0. */
+static __always_inline __u64 shim_alloc_context(struct event *e, __u64 id)
 {
 	__u32 pid = id >> 32;
 	__s64 *off = bpf_map_lookup_elem(&shim_tls, &pid);
 	if (!off)
-		return;
+		return 0;
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
 	struct shim_alloc_state s;
 	if (!tp || bpf_probe_read_user(&s, sizeof(s), (void *)(tp + *off)))
-		return;
+		return 0;
 	if (s.tid != (__u32)id || !s.alloc_depth)
-		return;
+		return 0;
 	e->flags |= F_IN_ALLOC;
 	e->addr2 = s.alloc_op | ((__u64)s.alloc_seq << 16);
+	return s.alloc_sp;
 }
 
 /* Memory syscalls, from the raw tracepoint: sees calls made through a
@@ -1213,10 +1216,11 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (st->held > 0)
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, r.sp);
+	__u64 until = 0;
 	if (!(e->flags & F_IN_ALLOC))
-		shim_alloc_context(e, id);
+		until = shim_alloc_context(e, id);
 	if ((e->flags & F_IN_ALLOC) && want_samples) {
-		struct sample_at at = {r.ip, r.sp, r.bp, r.sp, pid, op};
+		struct sample_at at = {r.ip, r.sp, r.bp, r.sp, pid, op, until};
 		e->stack = take_sample(st, &at);
 	}
 	if (!e->stack)

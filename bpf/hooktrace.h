@@ -190,6 +190,7 @@ struct shim_alloc_state {
 	__u32 alloc_depth; /* allocator calls live on this thread */
 	__u32 alloc_op;
 	__u32 alloc_seq; /* counts the thread's outermost allocator calls */
+	__u64 alloc_sp;  /* the outermost call's return-address slot: how much stack a sample needs */
 };
 
 #endif

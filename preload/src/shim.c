@@ -212,7 +212,6 @@ struct tstate {
 	/* The thread's TID and allocator call, which the kernel's sys_enter
 	 * tracepoint reads too (hooktrace_shim_ready). */
 	struct shim_alloc_state shared;
-	__u64 alloc_sp; /* the outermost allocator call's return-address slot */
 	__u64 *calls;   /* this thread's counter slot, NULL for the shared one */
 	__u64 stack_hi; /* how far up the thread's stack may be read, 0 when unknown */
 	__s32 held;
@@ -665,7 +664,7 @@ static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __
  * registers a probe at fn's entry would see. */
 static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
 {
-	return take_sample_regs(t, fn, (__u64)&frame[1], frame[0], t->alloc_sp);
+	return take_sample_regs(t, fn, (__u64)&frame[1], frame[0], t->shared.alloc_sp);
 }
 
 /* ---- events ------------------------------------------------------------- */
@@ -826,7 +825,7 @@ static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 
 	if (!nested) {
 		t->shared.alloc_seq++;
 		t->shared.alloc_op = op;
-		t->alloc_sp = (__u64)&frame[1];
+		t->shared.alloc_sp = (__u64)&frame[1];
 	}
 	/* A free that may end a lock's lifetime is sent: the analysis ends
 	 * the locks in the chunk it names. */
@@ -976,7 +975,7 @@ static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u6
 	rtype r = call;                                                                        \
 	t->shared.alloc_depth--;                                                               \
 	if (!t->shared.alloc_depth)                                                            \
-		t->alloc_sp = 0;                                                               \
+		t->shared.alloc_sp = 0;                                                        \
 	return r;
 
 EXPORT void *malloc(size_t n)
@@ -1101,7 +1100,7 @@ EXPORT void free(void *p)
 	}
 	t->shared.alloc_depth--;
 	if (!t->shared.alloc_depth)
-		t->alloc_sp = 0;
+		t->shared.alloc_sp = 0;
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n)
