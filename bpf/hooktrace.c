@@ -246,6 +246,16 @@ struct {
 	__type(value, struct alloc_range);
 } alloc_ranges SEC(".maps");
 
+/* Where each traced process's preloaded recorder keeps a thread's
+ * struct shim_alloc_state: its offset from the thread pointer (pid ->
+ * offset), from the recorder's call of hooktrace_shim_ready. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __s64);
+} shim_tls SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -525,6 +535,7 @@ struct sample_at {
 	__u64 ret_slot;
 	__u32 pid;
 	__u32 op;
+	__u64 until; /* the allocator call's return slot, when st has none */
 };
 
 /* A global function: the verifier checks it once, not at each of the
@@ -536,7 +547,7 @@ __attribute__((noinline)) __u64 take_sample(struct thread_state *st, struct samp
 		return 0;
 	__u32 pid = at->pid;
 	__u64 ip = at->ip, sp = at->sp, bp = at->bp;
-	__u64 until = st->alloc_sp;
+	__u64 until = at->until ? at->until : st->alloc_sp;
 	__u64 key = sample_key(st, pid, at->op, ip, sp, at->ret_slot);
 	if (key) {
 		__u64 *known = bpf_map_lookup_elem(&seen_samples, &key);
@@ -1113,6 +1124,47 @@ int uretprobe_hook(struct pt_regs *ctx)
 	return 0;
 }
 
+/* The preloaded recorder names where its per-thread state lies, before
+ * the process's first interposed call. Attached with the sys_enter
+ * tracepoint alone (no allocator probes), to the recorder's library. A
+ * process is in the traced map here already: gated before its exec,
+ * followed at its fork. Not gated on tracing_on: the target may start
+ * before the reader turns tracing on. */
+SEC("uprobe")
+int uprobe_shim_ready(struct pt_regs *ctx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (!bpf_map_lookup_elem(&traced, &pid))
+		return 0;
+	__s64 off = (__s64)PT_REGS_PARM1(ctx);
+	bpf_map_update_elem(&shim_tls, &pid, &off, BPF_ANY);
+	return 0;
+}
+
+/* Marks a memory syscall made inside an allocator call, as the preloaded
+ * recorder tells it: its state for the calling thread, at the thread
+ * pointer plus the offset it named. Without allocator probes in_alloc
+ * knows no call. The state must be the thread's own (a fork child's copy
+ * of its parent's is not until it records). Returns the allocator call's
+ * return slot, where a sample may end, or 0. */
+static __always_inline __u64 shim_alloc_context(struct event *e, __u64 id)
+{
+	__u32 pid = id >> 32;
+	__s64 *off = bpf_map_lookup_elem(&shim_tls, &pid);
+	if (!off)
+		return 0;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
+	struct shim_alloc_state s;
+	if (!tp || bpf_probe_read_user(&s, sizeof(s), (void *)(tp + *off)))
+		return 0;
+	if (s.tid != (__u32)id || !s.alloc_depth)
+		return 0;
+	e->flags |= F_IN_ALLOC;
+	e->addr2 = s.alloc_op | ((__u64)s.alloc_seq << 16);
+	return s.alloc_sp;
+}
+
 /* Memory syscalls, from the raw tracepoint: sees calls made through a
  * patched libc entry or a raw syscall instruction, and costs no trap. */
 SEC("raw_tracepoint/sys_enter")
@@ -1177,8 +1229,11 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (st->held > 0)
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, r.sp);
+	__u64 until = 0;
+	if (!(e->flags & F_IN_ALLOC))
+		until = shim_alloc_context(e, id);
 	if ((e->flags & F_IN_ALLOC) && want_samples) {
-		struct sample_at at = {r.ip, r.sp, r.bp, r.sp, pid, op};
+		struct sample_at at = {r.ip, r.sp, r.bp, r.sp, pid, op, until};
 		e->stack = take_sample(st, &at);
 	}
 	if (!e->stack)
@@ -1234,6 +1289,7 @@ int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 	 * not trace. */
 	if (BPF_CORE_READ(task, signal, live.counter) == 0) {
 		bpf_map_delete_elem(&alloc_ranges, &pid);
+		bpf_map_delete_elem(&shim_tls, &pid);
 		bpf_map_delete_elem(&traced, &pid);
 	}
 	return 0;
@@ -1254,6 +1310,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	*state = TRACED;
 	/* A new image: the allocator is elsewhere now, and every lock is new. */
 	bpf_map_delete_elem(&alloc_ranges, &pid);
+	bpf_map_delete_elem(&shim_tls, &pid);
 	struct thread_state *st = thread_find();
 	if (st) {
 		st->range_pid = 0;
@@ -1274,6 +1331,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 const struct event *unused_event __attribute__((unused));
 const struct stack *unused_stack __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
+const struct shim_alloc_state *unused_shim_alloc_state __attribute__((unused));
 const enum limits *unused_limits __attribute__((unused));
 const enum rec_type *unused_rec_type __attribute__((unused));
 const enum trace_state *unused_trace_state __attribute__((unused));

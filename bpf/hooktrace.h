@@ -176,4 +176,22 @@ struct sample {
 	__u8 data[SAMPLE_BYTES];
 };
 
+/* Whether a thread is inside an allocator call, as the preloaded recorder
+ * (preload/src/shim.c) keeps it in the thread's thread-local state. With
+ * the preload recorder the BPF side has only its sys_enter tracepoint and
+ * no allocator probes; it reads this to flag a memory syscall made inside
+ * free or malloc as the shim flags its own records. The shim names the
+ * offset from the thread pointer (initial-exec TLS: one offset for every
+ * thread of a process) by calling hooktrace_shim_ready(offset) once per
+ * process image that records, a function the BPF side's
+ * uprobe_shim_ready is attached to. tid tells a thread's own state from
+ * one a fork child inherited. */
+struct shim_alloc_state {
+	__u32 tid;
+	__u32 alloc_depth; /* allocator calls live on this thread */
+	__u32 alloc_op;
+	__u32 alloc_seq; /* counts the thread's outermost allocator calls */
+	__u64 alloc_sp;  /* the outermost call's return-address slot: how much stack a sample needs */
+};
+
 #endif

@@ -41,11 +41,18 @@ struct signal_struct {
 	atomic_t live; /* threads still running; 0 once the last is exiting */
 } __attribute__((preserve_access_index));
 
+/* x86-64: the user thread pointer (%fs base), where the preloaded
+ * recorder's thread-local state is found. */
+struct thread_struct {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int exit_code;
 	int pid;
 	int tgid;
 	struct signal_struct *signal;
+	struct thread_struct thread;
 } __attribute__((preserve_access_index));
 
 #endif

@@ -256,12 +256,13 @@ type hooktraceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceProgramSpecs struct {
-	SchedExec     *ebpf.ProgramSpec `ebpf:"sched_exec"`
-	SchedExit     *ebpf.ProgramSpec `ebpf:"sched_exit"`
-	SchedFork     *ebpf.ProgramSpec `ebpf:"sched_fork"`
-	SysEnter      *ebpf.ProgramSpec `ebpf:"sys_enter"`
-	UprobeHook    *ebpf.ProgramSpec `ebpf:"uprobe_hook"`
-	UretprobeHook *ebpf.ProgramSpec `ebpf:"uretprobe_hook"`
+	SchedExec       *ebpf.ProgramSpec `ebpf:"sched_exec"`
+	SchedExit       *ebpf.ProgramSpec `ebpf:"sched_exit"`
+	SchedFork       *ebpf.ProgramSpec `ebpf:"sched_fork"`
+	SysEnter        *ebpf.ProgramSpec `ebpf:"sys_enter"`
+	UprobeHook      *ebpf.ProgramSpec `ebpf:"uprobe_hook"`
+	UprobeShimReady *ebpf.ProgramSpec `ebpf:"uprobe_shim_ready"`
+	UretprobeHook   *ebpf.ProgramSpec `ebpf:"uretprobe_hook"`
 }
 
 // hooktraceMapSpecs contains maps before they are loaded into the kernel.
@@ -278,6 +279,7 @@ type hooktraceMapSpecs struct {
 	SeenAcq     *ebpf.MapSpec `ebpf:"seen_acq"`
 	SeenSamples *ebpf.MapSpec `ebpf:"seen_samples"`
 	SeenStacks  *ebpf.MapSpec `ebpf:"seen_stacks"`
+	ShimTls     *ebpf.MapSpec `ebpf:"shim_tls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	Traced      *ebpf.MapSpec `ebpf:"traced"`
 }
@@ -286,22 +288,23 @@ type hooktraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceVariableSpecs struct {
-	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
-	FullMode           *ebpf.VariableSpec `ebpf:"full_mode"`
-	LockEpoch          *ebpf.VariableSpec `ebpf:"lock_epoch"`
-	LockPageFilter     *ebpf.VariableSpec `ebpf:"lock_page_filter"`
-	TracingOn          *ebpf.VariableSpec `ebpf:"tracing_on"`
-	UnusedCookieLayout *ebpf.VariableSpec `ebpf:"unused_cookie_layout"`
-	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
-	UnusedGlibcLayout  *ebpf.VariableSpec `ebpf:"unused_glibc_layout"`
-	UnusedLimits       *ebpf.VariableSpec `ebpf:"unused_limits"`
-	UnusedOp           *ebpf.VariableSpec `ebpf:"unused_op"`
-	UnusedRecType      *ebpf.VariableSpec `ebpf:"unused_rec_type"`
-	UnusedSample       *ebpf.VariableSpec `ebpf:"unused_sample"`
-	UnusedStack        *ebpf.VariableSpec `ebpf:"unused_stack"`
-	UnusedTraceState   *ebpf.VariableSpec `ebpf:"unused_trace_state"`
-	WantSamples        *ebpf.VariableSpec `ebpf:"want_samples"`
+	FollowForks          *ebpf.VariableSpec `ebpf:"follow_forks"`
+	FullMode             *ebpf.VariableSpec `ebpf:"full_mode"`
+	LockEpoch            *ebpf.VariableSpec `ebpf:"lock_epoch"`
+	LockPageFilter       *ebpf.VariableSpec `ebpf:"lock_page_filter"`
+	TracingOn            *ebpf.VariableSpec `ebpf:"tracing_on"`
+	UnusedCookieLayout   *ebpf.VariableSpec `ebpf:"unused_cookie_layout"`
+	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlag      *ebpf.VariableSpec `ebpf:"unused_event_flag"`
+	UnusedGlibcLayout    *ebpf.VariableSpec `ebpf:"unused_glibc_layout"`
+	UnusedLimits         *ebpf.VariableSpec `ebpf:"unused_limits"`
+	UnusedOp             *ebpf.VariableSpec `ebpf:"unused_op"`
+	UnusedRecType        *ebpf.VariableSpec `ebpf:"unused_rec_type"`
+	UnusedSample         *ebpf.VariableSpec `ebpf:"unused_sample"`
+	UnusedShimAllocState *ebpf.VariableSpec `ebpf:"unused_shim_alloc_state"`
+	UnusedStack          *ebpf.VariableSpec `ebpf:"unused_stack"`
+	UnusedTraceState     *ebpf.VariableSpec `ebpf:"unused_trace_state"`
+	WantSamples          *ebpf.VariableSpec `ebpf:"want_samples"`
 }
 
 // hooktraceObjects contains all objects after they have been loaded into the kernel.
@@ -334,6 +337,7 @@ type hooktraceMaps struct {
 	SeenAcq     *ebpf.Map `ebpf:"seen_acq"`
 	SeenSamples *ebpf.Map `ebpf:"seen_samples"`
 	SeenStacks  *ebpf.Map `ebpf:"seen_stacks"`
+	ShimTls     *ebpf.Map `ebpf:"shim_tls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
 	Traced      *ebpf.Map `ebpf:"traced"`
 }
@@ -350,6 +354,7 @@ func (m *hooktraceMaps) Close() error {
 		m.SeenAcq,
 		m.SeenSamples,
 		m.SeenStacks,
+		m.ShimTls,
 		m.Threads,
 		m.Traced,
 	)
@@ -359,34 +364,36 @@ func (m *hooktraceMaps) Close() error {
 //
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktraceVariables struct {
-	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
-	FullMode           *ebpf.Variable `ebpf:"full_mode"`
-	LockEpoch          *ebpf.Variable `ebpf:"lock_epoch"`
-	LockPageFilter     *ebpf.Variable `ebpf:"lock_page_filter"`
-	TracingOn          *ebpf.Variable `ebpf:"tracing_on"`
-	UnusedCookieLayout *ebpf.Variable `ebpf:"unused_cookie_layout"`
-	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
-	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
-	UnusedGlibcLayout  *ebpf.Variable `ebpf:"unused_glibc_layout"`
-	UnusedLimits       *ebpf.Variable `ebpf:"unused_limits"`
-	UnusedOp           *ebpf.Variable `ebpf:"unused_op"`
-	UnusedRecType      *ebpf.Variable `ebpf:"unused_rec_type"`
-	UnusedSample       *ebpf.Variable `ebpf:"unused_sample"`
-	UnusedStack        *ebpf.Variable `ebpf:"unused_stack"`
-	UnusedTraceState   *ebpf.Variable `ebpf:"unused_trace_state"`
-	WantSamples        *ebpf.Variable `ebpf:"want_samples"`
+	FollowForks          *ebpf.Variable `ebpf:"follow_forks"`
+	FullMode             *ebpf.Variable `ebpf:"full_mode"`
+	LockEpoch            *ebpf.Variable `ebpf:"lock_epoch"`
+	LockPageFilter       *ebpf.Variable `ebpf:"lock_page_filter"`
+	TracingOn            *ebpf.Variable `ebpf:"tracing_on"`
+	UnusedCookieLayout   *ebpf.Variable `ebpf:"unused_cookie_layout"`
+	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlag      *ebpf.Variable `ebpf:"unused_event_flag"`
+	UnusedGlibcLayout    *ebpf.Variable `ebpf:"unused_glibc_layout"`
+	UnusedLimits         *ebpf.Variable `ebpf:"unused_limits"`
+	UnusedOp             *ebpf.Variable `ebpf:"unused_op"`
+	UnusedRecType        *ebpf.Variable `ebpf:"unused_rec_type"`
+	UnusedSample         *ebpf.Variable `ebpf:"unused_sample"`
+	UnusedShimAllocState *ebpf.Variable `ebpf:"unused_shim_alloc_state"`
+	UnusedStack          *ebpf.Variable `ebpf:"unused_stack"`
+	UnusedTraceState     *ebpf.Variable `ebpf:"unused_trace_state"`
+	WantSamples          *ebpf.Variable `ebpf:"want_samples"`
 }
 
 // hooktracePrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktracePrograms struct {
-	SchedExec     *ebpf.Program `ebpf:"sched_exec"`
-	SchedExit     *ebpf.Program `ebpf:"sched_exit"`
-	SchedFork     *ebpf.Program `ebpf:"sched_fork"`
-	SysEnter      *ebpf.Program `ebpf:"sys_enter"`
-	UprobeHook    *ebpf.Program `ebpf:"uprobe_hook"`
-	UretprobeHook *ebpf.Program `ebpf:"uretprobe_hook"`
+	SchedExec       *ebpf.Program `ebpf:"sched_exec"`
+	SchedExit       *ebpf.Program `ebpf:"sched_exit"`
+	SchedFork       *ebpf.Program `ebpf:"sched_fork"`
+	SysEnter        *ebpf.Program `ebpf:"sys_enter"`
+	UprobeHook      *ebpf.Program `ebpf:"uprobe_hook"`
+	UprobeShimReady *ebpf.Program `ebpf:"uprobe_shim_ready"`
+	UretprobeHook   *ebpf.Program `ebpf:"uretprobe_hook"`
 }
 
 func (p *hooktracePrograms) Close() error {
@@ -396,6 +403,7 @@ func (p *hooktracePrograms) Close() error {
 		p.SchedFork,
 		p.SysEnter,
 		p.UprobeHook,
+		p.UprobeShimReady,
 		p.UretprobeHook,
 	)
 }

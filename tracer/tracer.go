@@ -194,6 +194,29 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	return t.On()
 }
 
+// WatchShim lets sys_enter see the allocator calls of the preloaded
+// recorder at lib, in every traced process that loads it: the recorder
+// calls its function symbol with the offset of its per-thread state
+// (struct shim_alloc_state) from the thread pointer, and a memory syscall
+// glibc makes inside free is then flagged as inside that free, as the
+// recorder flags its own records. The probe must be in place before the
+// target starts: a process whose recorder started unwatched is never
+// flagged. The caller lists the site: it is the library's.
+func (t *Tracer) WatchShim(lib, symbol string) error {
+	ex, err := link.OpenExecutable(lib)
+	if err != nil {
+		return fmt.Errorf("opening the preloaded library: %w", err)
+	}
+	l, err := ex.Uprobe(symbol, t.objs.UprobeShimReady, nil)
+	if err != nil {
+		return fmt.Errorf("attaching to %s in the preloaded library: %w", symbol, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.links = append(t.links, l)
+	return nil
+}
+
 // Exec places the probes pid's new image needs, called while pid is held
 // at its exec (run holds it there): the new program may take its
 // allocator or pthreads from other objects than the old one (a shell

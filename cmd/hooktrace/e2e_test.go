@@ -93,6 +93,9 @@ type jsonReport struct {
 		Calls      map[string]uint64 `json:"calls"`
 		// TraceChecks counts what contradicts the rest of the trace.
 		TraceChecks map[string]uint64 `json:"trace_checks"`
+		Traces      []struct {
+			Recorder string `json:"recorder"`
+		} `json:"traces"`
 	} `json:"stats"`
 	Findings []json.RawMessage `json:"findings"`
 }

@@ -130,7 +130,11 @@ func newRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 			return nil, perr
 		}
 		if sys != nil {
-			p.AddSyscalls(sys)
+			if err := p.AddSyscalls(sys); err != nil {
+				sys.Close()
+				p.Close()
+				return nil, err
+			}
 		}
 		return p, nil
 	}

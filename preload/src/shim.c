@@ -273,11 +273,9 @@ struct held_lock {
 struct tstate {
 	int guard;   /* inside the shim: forward unrecorded */
 	int inited;  /* for this process (a fork starts again) */
-	__u32 tid;
-	__u32 alloc_depth; /* allocator calls live on this thread */
-	__u32 alloc_op;
-	__u32 alloc_seq;
-	__u64 alloc_sp; /* the outermost allocator call's return-address slot */
+	/* The thread's TID and allocator call, which the kernel's sys_enter
+	 * tracepoint reads too (hooktrace_shim_ready). */
+	struct shim_alloc_state shared;
 	__u64 *calls;   /* this thread's counter slot, NULL for the shared one */
 	__u32 *writing; /* its writing flag, NULL for the shared counter */
 	int exited;     /* its exit is recorded */
@@ -385,6 +383,28 @@ static void remember_env(int fd)
 	shm_env_entry[at] = 0;
 }
 
+/* The kernel's sys_enter tracepoint reads a thread's t->shared at the
+ * thread pointer plus offset, once its uprobe on this function has
+ * learned offset: a memory syscall glibc makes inside free is then
+ * flagged as inside that free, as the shim's own records are. Exported
+ * and never inlined, so the probe has a symbol to attach to and offset
+ * is in the first argument register. */
+EXPORT __attribute__((noinline)) void hooktrace_shim_ready(long offset)
+{
+	__asm__ volatile("" : : "r"(offset) : "memory");
+}
+
+/* Names the offset of t->shared from the thread pointer to the kernel
+ * side, once per process image that records. ts is initial-exec TLS, at
+ * one offset from every thread's thread pointer (%fs:0 holds the
+ * pointer itself, which the kernel keeps as the task's fsbase). */
+static void announce_shared(void)
+{
+	unsigned long tp;
+	__asm__("mov %%fs:0, %0" : "=r"(tp));
+	hooktrace_shim_ready((long)((unsigned long)&ts.shared - tp));
+}
+
 /* Maps the memfd hooktrace passed, once per process image; returns
  * whether this call did it. */
 static int init_process(void)
@@ -417,6 +437,8 @@ static int init_process(void)
 			my_pid = getpid();
 			active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
 			remember_env(fd);
+			if (active)
+				announce_shared();
 		} else if (all != MAP_FAILED) {
 			munmap(all, (size_t)st.st_size);
 		}
@@ -529,7 +551,7 @@ static int write_begin(void)
 		__atomic_fetch_add(&writing_shared, 1, __ATOMIC_SEQ_CST);
 	}
 	__u32 closing = __atomic_load_n(&closing_tid, __ATOMIC_RELAXED);
-	if (unlikely(closing != 0) && closing != ts.tid) {
+	if (unlikely(closing != 0) && closing != ts.shared.tid) {
 		if (flag)
 			__atomic_store_n(flag, 0, __ATOMIC_RELEASE);
 		else
@@ -563,7 +585,7 @@ static void wait_unflagged(__u32 *flag)
  * and the records under way are finished first. */
 static void end_writes(struct tstate *self)
 {
-	__atomic_store_n(&closing_tid, self->tid, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&closing_tid, self->shared.tid, __ATOMIC_SEQ_CST);
 	__u32 n = __atomic_load_n(H32(SHM_OFF_NEXT_SLOT), __ATOMIC_RELAXED);
 	if (n > SHM_SLOTS)
 		n = SHM_SLOTS;
@@ -662,13 +684,13 @@ static void thread_init(struct tstate *t)
 {
 	int saved = errno;
 	memset(t, 0, sizeof(*t));
-	t->tid = (__u32)syscall(SYS_gettid);
+	t->shared.tid = (__u32)syscall(SYS_gettid);
 	__u32 slot = __atomic_fetch_add(H32(SHM_OFF_NEXT_SLOT), 1, __ATOMIC_RELAXED);
 	if (slot < SHM_SLOTS) {
 		t->calls = H64(SHM_OFF_SLOTS) + (__u64)slot * SHM_SLOT_OPS;
 		t->writing = &writing[slot].v;
 	}
-	if (t->tid == my_pid)
+	if (t->shared.tid == my_pid)
 		t->stack_hi = (__u64)__libc_stack_end;
 	t->inited = 1;
 	errno = saved;
@@ -812,7 +834,7 @@ static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __
 		return 0;
 	}
 	struct sample *r = (struct sample *)p;
-	__u64 id = (1ULL << 63) | ((__u64)t->tid << 32) |
+	__u64 id = (1ULL << 63) | ((__u64)t->shared.tid << 32) |
 		   (__atomic_fetch_add(&sample_seq, 1, __ATOMIC_RELAXED) & 0xffffffff);
 	r->type = REC_SAMPLE;
 	r->len = (__u32)len;
@@ -837,7 +859,7 @@ static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __
  * registers a probe at fn's entry would see. */
 static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
 {
-	return take_sample_regs(t, fn, (__u64)&frame[1], frame[0], t->alloc_sp);
+	return take_sample_regs(t, fn, (__u64)&frame[1], frame[0], t->shared.alloc_sp);
 }
 
 /* ---- events ------------------------------------------------------------- */
@@ -848,7 +870,7 @@ static void event_init(struct event *e, struct tstate *t, __u32 op)
 	e->type = REC_EVENT;
 	e->op = op;
 	e->pid = my_pid;
-	e->tid = t->tid;
+	e->tid = t->shared.tid;
 	e->time = now();
 }
 
@@ -982,10 +1004,10 @@ static int dedupable(struct tstate *t)
 
 static void alloc_context(struct tstate *t, struct event *e)
 {
-	if (!t->alloc_depth)
+	if (!t->shared.alloc_depth)
 		return;
 	e->flags |= F_IN_ALLOC;
-	e->addr2 = t->alloc_op | ((__u64)t->alloc_seq << 16);
+	e->addr2 = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
 }
 
 /* An allocator call's entry. Returns nothing: the call is made by the
@@ -993,12 +1015,12 @@ static void alloc_context(struct tstate *t, struct event *e)
 static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
 {
 	count_call(t, op);
-	int nested = t->alloc_depth > 0;
-	__u64 outer = t->alloc_op | ((__u64)t->alloc_seq << 16);
+	int nested = t->shared.alloc_depth > 0;
+	__u64 outer = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
 	if (!nested) {
-		t->alloc_seq++;
-		t->alloc_op = op;
-		t->alloc_sp = (__u64)&frame[1];
+		t->shared.alloc_seq++;
+		t->shared.alloc_op = op;
+		t->shared.alloc_sp = (__u64)&frame[1];
 	}
 	/* A free that may end a lock's lifetime is sent: the analysis ends
 	 * the locks in the chunk it names. */
@@ -1036,7 +1058,7 @@ static void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 
 {
 	count_call(t, op);
 	__u64 key = 0;
-	if (dedupable(t) && t->nheld < MAX_HELD && !t->alloc_depth) {
+	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
 		key = pattern_key(t, op, lock, 0);
 		__u64 known = pattern_seen(t, key);
 		if (known) {
@@ -1143,12 +1165,12 @@ static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u6
 	if (!t)                                                                                \
 		return call;                                                                   \
 	rec_alloc(t, op, (__u64)real.field, FRAME, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
-	t->alloc_depth++;                                                                      \
+	t->shared.alloc_depth++;                                                               \
 	leave(t);                                                                              \
 	rtype r = call;                                                                        \
-	t->alloc_depth--;                                                                      \
-	if (!t->alloc_depth)                                                                   \
-		t->alloc_sp = 0;                                                               \
+	t->shared.alloc_depth--;                                                               \
+	if (!t->shared.alloc_depth)                                                            \
+		t->shared.alloc_sp = 0;                                                        \
 	return r;
 
 EXPORT void *malloc(size_t n)
@@ -1263,7 +1285,7 @@ EXPORT void free(void *p)
 	}
 	rec_alloc(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
 	struct mapping unmapped = mmapped_chunk(p);
-	t->alloc_depth++;
+	t->shared.alloc_depth++;
 	leave(t);
 	real.free(p);
 	if (unmapped.len && !t->guard) {
@@ -1271,9 +1293,9 @@ EXPORT void free(void *p)
 		rec_free_munmap(t, unmapped, FRAME);
 		leave(t);
 	}
-	t->alloc_depth--;
-	if (!t->alloc_depth)
-		t->alloc_sp = 0;
+	t->shared.alloc_depth--;
+	if (!t->shared.alloc_depth)
+		t->shared.alloc_sp = 0;
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n)
@@ -1663,7 +1685,7 @@ static void *thread_start(void *p)
 		struct event e;
 		event_init(&e, t, OP_THREAD_CREATE);
 		e.tid = s.parent_tid;
-		e.arg = t->tid;
+		e.arg = t->shared.tid;
 		e.addr = my_pid;
 		e.stack = s.stack;
 		event_send(&e);
@@ -1692,7 +1714,7 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 	}
 	s->fn = fn;
 	s->arg = arg;
-	s->parent_tid = t->tid;
+	s->parent_tid = t->shared.tid;
 	s->stack = take_stack(t, (__u64)real.create, FRAME);
 	leave(t);
 	int r = real.create(th, attr, thread_start, s);
@@ -1759,7 +1781,7 @@ static void process_created_from(struct tstate *t, __u32 pid, __u32 tid, pid_t c
 
 static void process_created(struct tstate *t, pid_t child, __u64 fn, __u64 *frame)
 {
-	process_created_from(t, my_pid, t->tid, child, take_stack(t, fn, frame));
+	process_created_from(t, my_pid, t->shared.tid, child, take_stack(t, fn, frame));
 }
 
 /* In a child of fork: state starts afresh (the thread's held set and
@@ -1788,6 +1810,8 @@ static void after_fork_child(void)
 		ts.guard = 0;
 		errno = saved;
 	}
+	if (active)
+		announce_shared();
 }
 
 #define FORK(field)                                                            \
@@ -1800,7 +1824,7 @@ static void after_fork_child(void)
 	struct tstate *t = enter();                                            \
 	if (t) {                                                               \
 		fork_from.pid = my_pid;                                        \
-		fork_from.tid = t->tid;                                        \
+		fork_from.tid = t->shared.tid;                                        \
 		fork_from.stack = take_stack(t, (__u64)real.field, FRAME);     \
 		leave(t);                                                      \
 	}                                                                      \
