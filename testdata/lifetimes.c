@@ -11,13 +11,20 @@
  *   writer, reader: one thread read-locks a rwlock twice; writer's prefers
  *                  writers (PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP).
  *   remutex:       a -> b; destroy and re-initialise both in place; a -> b and
- *                  b -> a: a cycle between the new mutexes. */
+ *                  b -> a: a cycle between the new mutexes.
+ *   unmapped:      zeroed mutexes a, b in a mapping of the program's own;
+ *                  a -> b; the mapping unmapped and mapped again at the same
+ *                  address; new zeroed c, d at a's and b's addresses; c -> d
+ *                  (the very pattern a -> b was), then d -> c: a cycle
+ *                  between the new mutexes, which only the munmap tells
+ *                  from the old ones. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static volatile int shared;
 
@@ -147,6 +154,22 @@ static int remutex(void)
 	return 0;
 }
 
+static int unmapped(void)
+{
+	size_t len = 4096;
+	char *page = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (page == MAP_FAILED)
+		return 1;
+	void *a = page, *b = page + 64;
+	take_in_order(&zeroed, a, b);
+	munmap(page, len);
+	if (mmap(page, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != page)
+		return 1;
+	take_in_order(&zeroed, a, b); /* c -> d */
+	take_in_order(&zeroed, b, a); /* d -> c */
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "";
@@ -162,6 +185,8 @@ int main(int argc, char **argv)
 		return reads(mode[0] == 'w');
 	if (!strcmp(mode, "remutex"))
 		return remutex();
-	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex\n");
+	if (!strcmp(mode, "unmapped"))
+		return unmapped();
+	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex|unmapped\n");
 	return 2;
 }

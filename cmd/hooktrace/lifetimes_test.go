@@ -92,3 +92,25 @@ func TestReinitialisedMutex(t *testing.T) {
 		t.Errorf("want one cycle between the new mutex_a and mutex_b, got %v", fs)
 	}
 }
+
+// TestLockInUnmappedMemory: zeroed mutexes a -> b in a mapping the
+// program unmaps and maps again at the same address; new mutexes there
+// taken c -> d (a's and b's addresses: the pattern a -> b was) and d -> c.
+// That is a cycle between the new mutexes, and only the munmap tells them
+// from the old: in aggregate mode a chain cache that missed it would hide
+// c -> d as a repeat. The eBPF recorder sees the syscall, the preload
+// recorder its libc wrapper, and under auto, where the kernel records it,
+// the wrapper still ends the old mutexes in the library's chain cache.
+func TestLockInUnmappedMemory(t *testing.T) {
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "lifetimes")
+	for _, r := range traceRunsUnder(t, withAuto, nil, prog, "unmapped") {
+		cs := ofKind(r.fs, "lock-order-cycle", "error")
+		if len(cs) != 1 || !strings.Contains(strings.Join(cs[0].Locks, " "), "#2") {
+			t.Errorf("%s: want one cycle between the second lifetimes, got %v", r, r.fs)
+		}
+		if r.rep.Stats.Calls["munmap"] == 0 {
+			t.Errorf("%s: the program's munmap was not seen: %v", r, r.rep.Stats.Calls)
+		}
+	}
+}

@@ -2236,6 +2236,10 @@ static int wrap_madvise(void *a, size_t n, int advice)
 
 static int wrap_munmap(void *a, size_t n)
 {
+	if (cfg_flags & SHM_F_SYSCALLS) { /* the kernel records it */
+		lifetime_changed();
+		return real.munmap(a, n);
+	}
 	MEMCALL(OP_MUNMAP, rec_unmap, real.munmap, a, n, 0)
 	return real.munmap(a, n);
 }
@@ -2254,6 +2258,10 @@ static void *wrap_mremap(void *a, size_t old, size_t n, int flags, ...)
 	va_start(ap, flags);
 	void *at = va_arg(ap, void *);
 	va_end(ap);
+	if (cfg_flags & SHM_F_SYSCALLS) { /* the kernel records it */
+		lifetime_changed();
+		return real.mremap(a, old, n, flags, at);
+	}
 	MEMCALL(OP_MREMAP, rec_unmap, real.mremap, a, old, n)
 	return real.mremap(a, old, n, flags, at);
 }
@@ -2279,18 +2287,22 @@ static void *wrap_sbrk(intptr_t incr)
 	return real.sbrk(incr);
 }
 
+/* ends_locks: under the kernel's tracepoint, which records every memory
+ * syscall itself, only these are wrapped: the memory they give up ends the
+ * lifetimes of the locks in it, in the shim's chain cache too. */
 static const struct memcall {
 	const char *name;
 	void *wrapper;
 	void **real; /* what a slot bound to libc holds */
+	int ends_locks;
 } memcalls[] = {
-	{"madvise", (void *)wrap_madvise, (void **)&real.madvise},
-	{"munmap", (void *)wrap_munmap, (void **)&real.munmap},
-	{"mmap", (void *)wrap_mmap, (void **)&real.mmap},
-	{"mmap64", (void *)wrap_mmap, (void **)&real.mmap},
-	{"mremap", (void *)wrap_mremap, (void **)&real.mremap},
-	{"brk", (void *)wrap_brk, (void **)&real.brk},
-	{"sbrk", (void *)wrap_sbrk, (void **)&real.sbrk},
+	{"madvise", (void *)wrap_madvise, (void **)&real.madvise, 0},
+	{"munmap", (void *)wrap_munmap, (void **)&real.munmap, 1},
+	{"mmap", (void *)wrap_mmap, (void **)&real.mmap, 0},
+	{"mmap64", (void *)wrap_mmap, (void **)&real.mmap, 0},
+	{"mremap", (void *)wrap_mremap, (void **)&real.mremap, 1},
+	{"brk", (void *)wrap_brk, (void **)&real.brk, 0},
+	{"sbrk", (void *)wrap_sbrk, (void **)&real.sbrk, 0},
 };
 
 /* Whether the page at addr is writable now, from /proc/self/maps (read
@@ -2422,6 +2434,8 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 		for (size_t k = 0; k < sizeof(memcalls) / sizeof(memcalls[0]); k++) {
 			if (strcmp(name, memcalls[k].name) != 0)
 				continue;
+			if ((cfg_flags & SHM_F_SYSCALLS) && !memcalls[k].ends_locks)
+				break;
 			__u64 slot = base + r[i].r_offset;
 			__u64 cur = __atomic_load_n((__u64 *)slot, __ATOMIC_ACQUIRE);
 			if (cur == (__u64)memcalls[k].wrapper)
@@ -2440,12 +2454,12 @@ static void arm_probes(void);
 static int patch_lock;
 
 /* The objects loaded so far: their memory calls and the probes in them.
- * Under the kernel's tracepoint the memory calls are its alone. */
+ * Under the kernel's tracepoint the memory calls are its to record. */
 static void instrument_objects(void)
 {
 	while (__atomic_exchange_n(&patch_lock, 1, __ATOMIC_ACQUIRE))
 		__builtin_ia32_pause();
-	if (!(cfg_flags & SHM_F_SYSCALLS) && real.madvise)
+	if (real.madvise)
 		dl_iterate_phdr(patch_object, NULL);
 	arm_probes();
 	__atomic_store_n(&patch_lock, 0, __ATOMIC_RELEASE);
