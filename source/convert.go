@@ -121,8 +121,10 @@ func (c *Converter) watchLocked(pid uint32) *procState {
 	sym := symbolize.New(int(pid))
 	old, ok := c.procs[pid]
 	if ok {
-		// Gone already: the snapshot taken at its exec or exit stop (see
-		// RefreshMaps) is all there is.
+		// Gone already (or its address space ended under the read): the
+		// snapshot taken at its exec or exit stop (see RefreshMaps) is
+		// all there is. A list cut short by the end is never taken
+		// (symbolize.ReadMaps): it would hide that snapshot.
 		if len(sym.Maps()) == 0 {
 			sym = old.sym
 		}

@@ -5,12 +5,15 @@ package symbolize
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Mapping is one line of /proc/PID/maps.
@@ -43,13 +46,63 @@ func (m Mapping) Contains(addr uint64) bool { return addr >= m.Start && addr < m
 // Maps is a process's address space, sorted by address.
 type Maps []Mapping
 
-// ReadMaps reads /proc/PID/maps.
+// ErrSpaceEnded is ReadMaps' error when the address space it read ended
+// (its process exited or exec'd) before the read was known to be whole.
+var ErrSpaceEnded = errors.New("its address space ended while it was read")
+
+// ReadMaps reads /proc/PID/maps. The file stays on the address space it
+// was opened on, and the kernel hands it out a page or so per read(2),
+// each read taking that address space anew: one that ends in between
+// (the process exits or execs) ends the file there, and what was read is
+// a truncated list, not the process's mappings. So once the file is read
+// it is read again from its start: a space still there then was there
+// for every earlier read, and the list is whole; otherwise ReadMaps fails
+// with ErrSpaceEnded (a zombie's maps, empty, are that too).
 func ReadMaps(pid int) (Maps, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		return nil, fmt.Errorf("reading maps of pid %d: %w", pid, err)
 	}
+	defer f.Close()
+	maps, err := readMaps(f)
+	if err != nil {
+		return nil, fmt.Errorf("reading maps of pid %d: %w", pid, err)
+	}
+	return maps, nil
+}
+
+// readMaps reads an open /proc/PID/maps.
+func readMaps(f io.ReadSeeker) (Maps, error) {
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	var one [1]byte
+	if n, err := f.Read(one[:]); n == 0 {
+		if err != nil && err != io.EOF {
+			return nil, err
+		}
+		return nil, ErrSpaceEnded
+	}
 	return ParseMaps(bytes.NewReader(data))
+}
+
+// exited reports whether pid has ended: reaped, a zombie, or dead.
+func exited(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+	}
+	// The state follows the command name, which may hold anything but
+	// ends at the last parenthesis.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return false
+	}
+	return stat[i+2] == 'Z' || stat[i+2] == 'X'
 }
 
 // ParseMaps parses the /proc/PID/maps format.

@@ -3,11 +3,16 @@
 package symbolize
 
 import (
+	"errors"
 	"fmt"
-	"github.com/hooktrace/hooktrace/internal/testenv"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
 // Stacks are symbolized behind the process: a library unloaded since the
@@ -111,5 +116,85 @@ func TestForkKeepsParentMappings(t *testing.T) {
 	}
 	if err := c.Refresh(); err == nil {
 		t.Error("Refresh of a gone child succeeded")
+	}
+}
+
+// mapsReader is a process's open /proc/PID/maps that calls between after
+// the first read(2), the kernel's first page of it.
+type mapsReader struct {
+	*os.File
+	between func()
+	reads   int
+	read    int // bytes read
+}
+
+func (r *mapsReader) Read(p []byte) (int, error) {
+	n, err := r.File.Read(p)
+	r.read += n
+	if r.reads++; r.reads == 1 {
+		r.between()
+	}
+	return n, err
+}
+
+// readMapsAcross reads pid's maps with between run after the first read,
+// and checks the kernel did cut the file short there.
+func readMapsAcross(t *testing.T, pid int, between func()) error {
+	t.Helper()
+	whole, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := &mapsReader{File: f, between: between}
+	maps, err := readMaps(r)
+	if r.reads < 2 || r.read >= len(whole) {
+		t.Fatalf("read %d bytes of %d in %d reads: the file was not cut short", r.read, len(whole), r.reads)
+	}
+	if err == nil {
+		t.Errorf("%d mappings of a file cut short, and no error", len(maps))
+	}
+	return err
+}
+
+// A process that exits while its maps are read ends the file after what
+// was read so far: a list without the mappings past it (the libraries,
+// the stack), which is not the process's.
+func TestReadMapsExitMidRead(t *testing.T) {
+	tg := startTarget(t, progBuild.path(t))
+	pid := tg.pid()
+	err := readMapsAcross(t, pid, func() {
+		tg.cmd.Process.Kill()
+		// A zombie, not reaped: its pid stays.
+		var info unix.Siginfo
+		if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if !errors.Is(err, ErrSpaceEnded) || !exited(pid) {
+		t.Errorf("read across the exit: %v, exited %v; want ErrSpaceEnded, exited", err, exited(pid))
+	}
+}
+
+// An exec while the maps are read ends the file the same way, but the
+// process lives on: a Symbolizer must not take it for gone.
+func TestReadMapsExecMidRead(t *testing.T) {
+	prog := progBuild.path(t)
+	sh := testenv.Tool(t, "a POSIX shell", "sh")
+	tg := startTarget(t, sh, "-c", "echo ready; read line; exec "+prog)
+	err := readMapsAcross(t, tg.pid(), func() {
+		fmt.Fprintln(tg.stdin, "go")
+		tg.readUntilReady(t)
+	})
+	if !errors.Is(err, ErrSpaceEnded) || exited(tg.pid()) {
+		t.Errorf("read across the exec: %v, exited %v; want ErrSpaceEnded, not exited", err, exited(tg.pid()))
+	}
+	s := New(tg.pid())
+	if f := s.Frame(tg.addrs["target_fn"]); f.Function != "target_fn" || f.Object != prog {
+		t.Errorf("after exec: Frame(target_fn) = %+v", f)
 	}
 }

@@ -127,15 +127,14 @@ func (s *Symbolizer) refresh() error {
 	}
 	maps, err := ReadMaps(s.pid)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		// The snapshot stays. An address space that ended under the
+		// read is an exit, or an exec: the process has another one to
+		// read, the next image's.
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) ||
+			errors.Is(err, ErrSpaceEnded) && exited(s.pid) {
 			s.gone = true
 		}
 		return err
-	}
-	if len(maps) == 0 && len(s.maps) > 0 {
-		// A zombie's maps are empty: it has exited, keep what it had.
-		s.gone = true
-		return fmt.Errorf("refreshing maps of pid %d: process has exited", s.pid)
 	}
 
 	roots := processRoots(s.pid)
