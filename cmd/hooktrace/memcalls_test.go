@@ -171,3 +171,28 @@ func TestPreloadMemoryCallsInsideAllocator(t *testing.T) {
 		t.Error("no memory call recorded inside jemalloc's malloc or free")
 	}
 }
+
+// TestPreloadMappedBlocks: glibc maps a block above its mmap threshold
+// with its own mmap inside malloc, and gives it back with its own munmap
+// inside free, calls no interposition sees. The preload recorder alone
+// reads the chunk's header and records both, inside the allocator call
+// that made them, with the program's function on the stack: 7 blocks are
+// 7 of each, as the kernel counts them.
+func TestPreloadMappedBlocks(t *testing.T) {
+	prog := testenv.Program(t, "bigblocks")
+	trace := filepath.Join(t.TempDir(), "big.htr")
+	if _, stderr, code := hooktrace(t, nil, "run", "--recorder", "preload", "--mode", "full", "--fail-on", "none", "-o", trace, "--", prog); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	evs, stacks, _ := readTrace(t, trace)
+	in := map[events.Op]int{}
+	for _, e := range evs {
+		if (e.Op == events.OpMmap || e.Op == events.OpMunmap) && e.Size >= 1<<20 && e.Has(events.FlagInAlloc) &&
+			stackHas(stacks[e.Stack], "map_blocks") {
+			in[e.Op]++
+		}
+	}
+	if in[events.OpMmap] != 7 || in[events.OpMunmap] != 7 {
+		t.Errorf("mmap %d, munmap %d of the blocks inside malloc and free from map_blocks; want 7 each", in[events.OpMmap], in[events.OpMunmap])
+	}
+}

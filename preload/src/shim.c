@@ -43,6 +43,7 @@
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #define MAX_HELD 8
+#define PATTERN_CACHE 64 /* a power of two */
 
 /* ---- the real functions ------------------------------------------------ */
 
@@ -283,8 +284,11 @@ struct tstate {
 	__s32 held;
 	__u32 nheld;
 	struct held_lock held_locks[MAX_HELD];
-	__u64 cache_key[4];
-	__u64 cache_stack[4];
+	/* The patterns this thread last found, by key's low bits: a
+	 * registration cache's hot loop has a few dozen (each lock, and each
+	 * allocator call site under each lock). */
+	__u64 cache_key[PATTERN_CACHE];
+	__u64 cache_stack[PATTERN_CACHE];
 	/* Return addresses of probed functions, swapped for the exit stub. */
 	__u32 nshadow;
 	struct shadow {
@@ -964,7 +968,7 @@ static void flush_held(struct tstate *t)
  * when the pattern is new. */
 static __u64 pattern_seen(struct tstate *t, __u64 key)
 {
-	__u32 c = key & 3;
+	__u32 c = key & (PATTERN_CACHE - 1);
 	if (t->cache_key[c] == key)
 		return t->cache_stack[c];
 	for (__u32 i = 0; i < 8; i++) {
@@ -992,7 +996,7 @@ static void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
 			break;
 		}
 	}
-	__u32 c = key & 3;
+	__u32 c = key & (PATTERN_CACHE - 1);
 	t->cache_key[c] = key;
 	t->cache_stack[c] = stack | (1ULL << 62);
 }
@@ -1160,7 +1164,9 @@ static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u6
 
 /* An allocator interposer: record, then call inside the depth counter, so
  * that what the allocator does meanwhile (a hook it runs) is flagged. */
-#define ALLOC_CALL(op, field, rtype, call, addr, size, arg)                                   \
+static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame);
+
+#define ALLOC_CALL(op, field, rtype, call, addr, size, arg, fresh)                            \
 	struct tstate *t = enter_op(op);                                                            \
 	if (!t)                                                                                \
 		return call;                                                                   \
@@ -1168,6 +1174,7 @@ static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u6
 	t->shared.alloc_depth++;                                                               \
 	leave(t);                                                                              \
 	rtype r = call;                                                                        \
+	rec_alloc_mmap(t, (fresh), (__u64)real.field, FRAME);                                 \
 	t->shared.alloc_depth--;                                                               \
 	if (!t->shared.alloc_depth)                                                            \
 		t->shared.alloc_sp = 0;                                                        \
@@ -1180,7 +1187,7 @@ EXPORT void *malloc(size_t n)
 			return boot_alloc(n);
 		resolve_real();
 	}
-	ALLOC_CALL(OP_MALLOC, malloc, void *, real.malloc(n), 0, n, 0)
+	ALLOC_CALL(OP_MALLOC, malloc, void *, real.malloc(n), 0, n, 0, r)
 }
 
 EXPORT void *calloc(size_t n, size_t m)
@@ -1190,7 +1197,7 @@ EXPORT void *calloc(size_t n, size_t m)
 			return boot_alloc(n * m);
 		resolve_real();
 	}
-	ALLOC_CALL(OP_CALLOC, calloc, void *, real.calloc(n, m), 0, n * m, 0)
+	ALLOC_CALL(OP_CALLOC, calloc, void *, real.calloc(n, m), 0, n * m, 0, r)
 }
 
 EXPORT void *realloc(void *p, size_t n)
@@ -1207,13 +1214,13 @@ EXPORT void *realloc(void *p, size_t n)
 			memcpy(q, p, n < 256 ? n : 256);
 		return q;
 	}
-	ALLOC_CALL(OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0)
+	ALLOC_CALL(OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0, NULL)
 }
 
 EXPORT void *reallocarray(void *p, size_t n, size_t m)
 {
 	ENSURE(reallocarray);
-	ALLOC_CALL(OP_REALLOC, reallocarray, void *, real.reallocarray(p, n, m), p, n * m, 0)
+	ALLOC_CALL(OP_REALLOC, reallocarray, void *, real.reallocarray(p, n, m), p, n * m, 0, NULL)
 }
 
 /* The size free releases, from glibc's chunk header (as the BPF side reads
@@ -1252,9 +1259,8 @@ static struct mapping mmapped_chunk(void *p)
  * side sees), inside the free, as the BPF side's sys_enter sends every
  * munmap: the analysis learns the hook ran under the locks held around
  * free without taking them again. Its stack is free's own, which tells
- * the analysis glibc holds no arena lock there. Counted as the call it
- * is; where the kernel's tracepoint is added, hooktrace takes the memory
- * syscalls' counts from the kernel instead, which sees them all. */
+ * the analysis glibc holds no arena lock there. Where the kernel's
+ * tracepoint is added, the kernel records it, flagged inside the free. */
 static void rec_free_munmap(struct tstate *t, struct mapping m, __u64 *frame)
 {
 	count_call(t, OP_MUNMAP);
@@ -1267,6 +1273,33 @@ static void rec_free_munmap(struct tstate *t, struct mapping m, __u64 *frame)
 	alloc_context(t, &e);
 	e.stack = take_stack(t, (__u64)real.free, frame);
 	event_send(&e);
+}
+
+/* glibc maps a chunk above its mmap threshold with its own mmap, inside
+ * the allocator call, which no interposition sees: sent once the call
+ * returns, inside it, with the fields the BPF side's sys_enter gives that
+ * mmap (no address asked for, the mapping's length, read-write, private
+ * and anonymous), so the preload recorder alone counts a program's mapped
+ * blocks as the kernel does. realloc is left out: it may move a mapped
+ * chunk with mremap instead. Under the kernel's tracepoint the kernel
+ * records it. */
+static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame)
+{
+	struct mapping m = mmapped_chunk(p);
+	if (likely(!m.len) || (cfg_flags & SHM_F_SYSCALLS) || t->guard)
+		return;
+	t->guard = 1;
+	count_call(t, OP_MMAP);
+	struct event e;
+	event_init(&e, t, OP_MMAP);
+	e.size = m.len;
+	e.arg = (__u64)(PROT_READ | PROT_WRITE) | ((__u64)(MAP_PRIVATE | MAP_ANONYMOUS) << 32);
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	e.stack = take_stack(t, fn, frame);
+	event_send(&e);
+	leave(t);
 }
 
 EXPORT void free(void *p)
@@ -1288,7 +1321,7 @@ EXPORT void free(void *p)
 	t->shared.alloc_depth++;
 	leave(t);
 	real.free(p);
-	if (unmapped.len && !t->guard) {
+	if (unmapped.len && !t->guard && !(cfg_flags & SHM_F_SYSCALLS)) {
 		t->guard = 1;
 		rec_free_munmap(t, unmapped, FRAME);
 		leave(t);
@@ -1301,31 +1334,31 @@ EXPORT void free(void *p)
 EXPORT int posix_memalign(void **out, size_t align, size_t n)
 {
 	ENSURE(posix_memalign);
-	ALLOC_CALL(OP_POSIX_MEMALIGN, posix_memalign, int, real.posix_memalign(out, align, n), 0, n, align)
+	ALLOC_CALL(OP_POSIX_MEMALIGN, posix_memalign, int, real.posix_memalign(out, align, n), 0, n, align, r ? NULL : *out)
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t n)
 {
 	ENSURE(aligned_alloc);
-	ALLOC_CALL(OP_ALIGNED_ALLOC, aligned_alloc, void *, real.aligned_alloc(align, n), 0, n, align)
+	ALLOC_CALL(OP_ALIGNED_ALLOC, aligned_alloc, void *, real.aligned_alloc(align, n), 0, n, align, r)
 }
 
 EXPORT void *memalign(size_t align, size_t n)
 {
 	ENSURE(memalign);
-	ALLOC_CALL(OP_MEMALIGN, memalign, void *, real.memalign(align, n), 0, n, align)
+	ALLOC_CALL(OP_MEMALIGN, memalign, void *, real.memalign(align, n), 0, n, align, r)
 }
 
 EXPORT void *valloc(size_t n)
 {
 	ENSURE(valloc);
-	ALLOC_CALL(OP_VALLOC, valloc, void *, real.valloc(n), 0, n, 0)
+	ALLOC_CALL(OP_VALLOC, valloc, void *, real.valloc(n), 0, n, 0, r)
 }
 
 EXPORT void *pvalloc(size_t n)
 {
 	ENSURE(pvalloc);
-	ALLOC_CALL(OP_PVALLOC, pvalloc, void *, real.pvalloc(n), 0, n, 0)
+	ALLOC_CALL(OP_PVALLOC, pvalloc, void *, real.pvalloc(n), 0, n, 0, r)
 }
 
 /* ---- locks -------------------------------------------------------------- */
