@@ -284,6 +284,7 @@ struct tstate {
 	__s32 held;
 	__u32 nheld;
 	struct held_lock held_locks[MAX_HELD];
+	__u64 held_sum; /* held_mix of held_locks' addresses, summed (held_push) */
 	/* The patterns this thread last found, by key's low bits: a
 	 * registration cache's hot loop has a few dozen (each lock, and each
 	 * allocator call site under each lock). */
@@ -908,6 +909,16 @@ static __u32 mutex_kind(__u32 op, __u64 lock)
 	return 0;
 }
 
+/* The held set's part of a chain key, kept as the locks come and go
+ * rather than hashed on every call: a sum (not a xor) of each address
+ * mixed, so that a lock held twice still counts. The edges an acquisition
+ * adds do not depend on the order the held locks were taken in. */
+static inline __u64 held_mix(__u64 addr)
+{
+	addr ^= addr >> 31;
+	return addr * 0xbf58476d1ce4e5b9ULL;
+}
+
 static void held_push(struct tstate *t, __u64 addr, __u32 op, __u32 kind, __u64 stack, __u64 time, __u16 sent)
 {
 	__u32 i = t->nheld;
@@ -915,6 +926,7 @@ static void held_push(struct tstate *t, __u64 addr, __u32 op, __u32 kind, __u64 
 		return;
 	t->held_locks[i] = (struct held_lock){addr, stack, time, kind, (__u16)op, sent};
 	t->nheld = i + 1;
+	t->held_sum += held_mix(addr);
 }
 
 static int held_pop(struct tstate *t, __u64 addr)
@@ -926,20 +938,24 @@ static int held_pop(struct tstate *t, __u64 addr)
 		for (__u32 j = i; j + 1 < t->nheld; j++)
 			t->held_locks[j] = t->held_locks[j + 1];
 		t->nheld--;
+		t->held_sum -= held_mix(addr);
 		return sent;
 	}
 	return -1;
 }
 
+/* The chain key: independent products the CPU multiplies in parallel,
+ * then one finalizer, so that the low bits (the caches' index) mix all. */
 static __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
 {
-	__u64 h = 0xcbf29ce484222325ULL ^ my_pid;
-	h = (h ^ __atomic_load_n(&lock_epoch, __ATOMIC_RELAXED)) * 0x100000001b3ULL;
-	h = (h ^ op) * 0x100000001b3ULL;
-	h = (h ^ lock) * 0x100000001b3ULL;
-	h = (h ^ site) * 0x100000001b3ULL;
-	for (__u32 i = 0; i < t->nheld; i++)
-		h = (h ^ t->held_locks[i].addr) * 0x100000001b3ULL;
+	__u64 h = t->held_sum;
+	h += (lock ^ 0x9e3779b97f4a7c15ULL) * 0x94d049bb133111ebULL;
+	h += (site ^ 0xc2b2ae3d27d4eb4fULL) * 0xff51afd7ed558ccdULL;
+	h += ((__u64)op | ((__u64)my_pid << 32)) * 0xc4ceb9fe1a85ec53ULL;
+	h += __atomic_load_n(&lock_epoch, __ATOMIC_RELAXED) * 0x165667b19e3779f9ULL;
+	h ^= h >> 32;
+	h *= 0xd6e8feb86659fd93ULL;
+	h ^= h >> 32;
 	return h ? h : 1;
 }
 
