@@ -1,0 +1,209 @@
+/* Part of shim.c, which includes it: the allocator's interposers. */
+
+/* ---- the allocator ------------------------------------------------------ */
+
+#define FRAME ((__u64 *)__builtin_frame_address(0))
+#define ENSURE(field)                   \
+	do {                            \
+		if (unlikely(!real.field)) \
+			resolve_real(); \
+	} while (0)
+
+/* An allocator interposer: record, then call inside the depth counter, so
+ * that what the allocator does meanwhile (a hook it runs) is flagged. */
+static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame);
+
+#define ALLOC_CALL(op, field, rtype, call, addr, size, arg, fresh)                            \
+	struct tstate *t = enter_op(op);                                                            \
+	if (!t)                                                                                \
+		return call;                                                                   \
+	rec_alloc(t, op, (__u64)real.field, FRAME, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
+	t->shared.alloc_depth++;                                                               \
+	leave(t);                                                                              \
+	rtype r = call;                                                                        \
+	rec_alloc_mmap(t, (fresh), (__u64)real.field, FRAME);                                 \
+	t->shared.alloc_depth--;                                                               \
+	if (!t->shared.alloc_depth)                                                            \
+		t->shared.alloc_sp = 0;                                                        \
+	return r;
+
+EXPORT void *malloc(size_t n)
+{
+	if (unlikely(!real.malloc)) {
+		if (resolving)
+			return boot_alloc(n);
+		resolve_real();
+	}
+	ALLOC_CALL(OP_MALLOC, malloc, void *, real.malloc(n), 0, n, 0, r)
+}
+
+EXPORT void *calloc(size_t n, size_t m)
+{
+	if (unlikely(!real.calloc)) {
+		if (resolving)
+			return boot_alloc(n * m);
+		resolve_real();
+	}
+	ALLOC_CALL(OP_CALLOC, calloc, void *, real.calloc(n, m), 0, n * m, 0, r)
+}
+
+EXPORT void *realloc(void *p, size_t n)
+{
+	if (unlikely(!real.realloc)) {
+		if (resolving)
+			return boot_alloc(n);
+		resolve_real();
+	}
+	if (unlikely(is_boot(p))) {
+		/* From the bootstrap heap: move it to the real allocator. */
+		void *q = real.malloc(n);
+		if (q)
+			memcpy(q, p, n < 256 ? n : 256);
+		return q;
+	}
+	ALLOC_CALL(OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0, NULL)
+}
+
+EXPORT void *reallocarray(void *p, size_t n, size_t m)
+{
+	ENSURE(reallocarray);
+	ALLOC_CALL(OP_REALLOC, reallocarray, void *, real.reallocarray(p, n, m), p, n * m, 0, NULL)
+}
+
+/* The size free releases, from glibc's chunk header (as the BPF side reads
+ * it); 0 for another allocator's pointers would be wrong, so only glibc's
+ * layout is assumed where the BPF side assumes it. */
+static size_t chunk_size(void *p)
+{
+	if (!p || !glibc_free)
+		return 0;
+	return (((__u64 *)p)[-1] & ~7ULL) - 8;
+}
+
+/* glibc's free gives a chunk it mmapped back with munmap, by a call inside
+ * libc that no interposition sees; a runtime's hook patched into munmap's
+ * entry runs there. The chunk's header says which chunks those are and
+ * where their mapping starts. */
+struct mapping {
+	__u64 addr, len;
+};
+
+static struct mapping mmapped_chunk(void *p)
+{
+	struct mapping m = {0, 0};
+	if (!p || !glibc_free)
+		return m;
+	__u64 hdr = ((__u64 *)p)[-1], prev = ((__u64 *)p)[-2];
+	if (!(hdr & 2)) /* IS_MMAPPED */
+		return m;
+	m.addr = (__u64)p - 16 - prev;
+	m.len = prev + (hdr & ~7ULL);
+	return m;
+}
+
+/* The munmap that free made, sent once free returns (what a hook took
+ * meanwhile is recorded already, as it precedes the system call the BPF
+ * side sees), inside the free, as the BPF side's sys_enter sends every
+ * munmap: the analysis learns the hook ran under the locks held around
+ * free without taking them again. Its stack is free's own, which tells
+ * the analysis glibc holds no arena lock there. Where the kernel's
+ * tracepoint is added, the kernel records it, flagged inside the free. */
+static void rec_free_munmap(struct tstate *t, struct mapping m, __u64 *frame)
+{
+	count_call(t, OP_MUNMAP);
+	struct event e;
+	event_init(&e, t, OP_MUNMAP);
+	e.addr = m.addr;
+	e.size = m.len;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	e.stack = take_stack(t, (__u64)real.free, frame);
+	event_send(&e);
+}
+
+/* glibc maps a chunk above its mmap threshold with its own mmap, inside
+ * the allocator call, which no interposition sees: sent once the call
+ * returns, inside it, with the fields the BPF side's sys_enter gives that
+ * mmap (no address asked for, the mapping's length, read-write, private
+ * and anonymous), so the preload recorder alone counts a program's mapped
+ * blocks as the kernel does. realloc is left out: it may move a mapped
+ * chunk with mremap instead. Under the kernel's tracepoint the kernel
+ * records it. */
+static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame)
+{
+	struct mapping m = mmapped_chunk(p);
+	if (likely(!m.len) || (cfg_flags & SHM_F_SYSCALLS) || t->guard)
+		return;
+	t->guard = 1;
+	count_call(t, OP_MMAP);
+	struct event e;
+	event_init(&e, t, OP_MMAP);
+	e.size = m.len;
+	e.arg = (__u64)(PROT_READ | PROT_WRITE) | ((__u64)(MAP_PRIVATE | MAP_ANONYMOUS) << 32);
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	e.stack = take_stack(t, fn, frame);
+	event_send(&e);
+	leave(t);
+}
+
+EXPORT void free(void *p)
+{
+	if (unlikely(is_boot(p)))
+		return;
+	if (unlikely(!real.free)) {
+		if (resolving)
+			return;
+		resolve_real();
+	}
+	struct tstate *t = enter_op(OP_FREE);
+	if (!t) {
+		real.free(p);
+		return;
+	}
+	rec_alloc(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
+	struct mapping unmapped = mmapped_chunk(p);
+	t->shared.alloc_depth++;
+	leave(t);
+	real.free(p);
+	if (unmapped.len && !t->guard && !(cfg_flags & SHM_F_SYSCALLS)) {
+		t->guard = 1;
+		rec_free_munmap(t, unmapped, FRAME);
+		leave(t);
+	}
+	t->shared.alloc_depth--;
+	if (!t->shared.alloc_depth)
+		t->shared.alloc_sp = 0;
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t n)
+{
+	ENSURE(posix_memalign);
+	ALLOC_CALL(OP_POSIX_MEMALIGN, posix_memalign, int, real.posix_memalign(out, align, n), 0, n, align, r ? NULL : *out)
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t n)
+{
+	ENSURE(aligned_alloc);
+	ALLOC_CALL(OP_ALIGNED_ALLOC, aligned_alloc, void *, real.aligned_alloc(align, n), 0, n, align, r)
+}
+
+EXPORT void *memalign(size_t align, size_t n)
+{
+	ENSURE(memalign);
+	ALLOC_CALL(OP_MEMALIGN, memalign, void *, real.memalign(align, n), 0, n, align, r)
+}
+
+EXPORT void *valloc(size_t n)
+{
+	ENSURE(valloc);
+	ALLOC_CALL(OP_VALLOC, valloc, void *, real.valloc(n), 0, n, 0, r)
+}
+
+EXPORT void *pvalloc(size_t n)
+{
+	ENSURE(pvalloc);
+	ALLOC_CALL(OP_PVALLOC, pvalloc, void *, real.pvalloc(n), 0, n, 0, r)
+}

@@ -1,0 +1,397 @@
+/* Part of shim.c, which includes it: libc's memory wrappers through rewritten GOT slots, and dlopen. */
+
+/* ---- libc's memory wrappers: rewritten GOT slots ----------------------- */
+
+/* madvise, munmap, mmap, mremap, brk and sbrk are not exported by the
+ * shim: runtimes that patch libc's memory entry points (Open MPI's
+ * patcher, UCX) look them up by name or take their address, and must find
+ * libc's, or glibc's own calls (free -> madvise) would miss their hooks.
+ * Instead the shim rewrites the objects' R_X86_64_JUMP_SLOT slots (data,
+ * not code) for these functions, where a slot still holds libc's function
+ * or is not bound yet: a slot a runtime redirected is left alone, and
+ * R_X86_64_GLOB_DAT slots are never touched, so &madvise and dlsym still
+ * give libc's function. What these wrappers do not see is glibc calling
+ * itself (free -> shrink_heap -> madvise): the kernel's tracepoint does,
+ * when hooktrace may use it. */
+
+/* A memory call, recorded at entry with the fields the BPF side's
+ * sys_enter gives it, never deduplicated (as there). */
+static void rec_mem(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 arg, __u64 fn, __u64 *frame)
+{
+	count_call(t, op);
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = addr;
+	e.size = size;
+	e.arg = arg;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	send_with_stack(t, &e, fn, frame);
+}
+
+/* munmap and mremap: the one place where the memory they give up ends the
+ * lifetimes of the locks in it (the BPF side bumps lock_epoch there). */
+static void rec_unmap(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 arg, __u64 fn, __u64 *frame)
+{
+	lifetime_changed();
+	rec_mem(t, op, addr, size, arg, fn, frame);
+}
+
+/* errno is the caller's until the real call sets it. */
+#define MEMCALL(op, rec, fn, addr, size, arg)                                              \
+	struct tstate *t = enter_op(op);                                                   \
+	if (t) {                                                                           \
+		int saved = errno;                                                         \
+		rec(t, op, (__u64)(addr), (__u64)(size), (__u64)(arg), (__u64)(fn), FRAME); \
+		errno = saved;                                                             \
+		leave(t);                                                                  \
+	}
+
+static int wrap_madvise(void *a, size_t n, int advice)
+{
+	MEMCALL(OP_MADVISE, rec_mem, real.madvise, a, n, advice)
+	return real.madvise(a, n, advice);
+}
+
+static int wrap_munmap(void *a, size_t n)
+{
+	if (cfg_flags & SHM_F_SYSCALLS) { /* the kernel records it */
+		lifetime_changed();
+		return real.munmap(a, n);
+	}
+	MEMCALL(OP_MUNMAP, rec_unmap, real.munmap, a, n, 0)
+	return real.munmap(a, n);
+}
+
+static void *wrap_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off)
+{
+	MEMCALL(OP_MMAP, rec_mem, real.mmap, a, n, (__u64)(__u32)prot | ((__u64)(__u32)flags << 32))
+	return real.mmap(a, n, prot, flags, fd, off);
+}
+
+static void *wrap_mremap(void *a, size_t old, size_t n, int flags, ...)
+{
+	/* The new address is passed only with MREMAP_FIXED; reading it
+	 * otherwise reads a register, harmlessly. */
+	va_list ap;
+	va_start(ap, flags);
+	void *at = va_arg(ap, void *);
+	va_end(ap);
+	if (cfg_flags & SHM_F_SYSCALLS) { /* the kernel records it */
+		lifetime_changed();
+		return real.mremap(a, old, n, flags, at);
+	}
+	MEMCALL(OP_MREMAP, rec_unmap, real.mremap, a, old, n)
+	return real.mremap(a, old, n, flags, at);
+}
+
+static int wrap_brk(void *a)
+{
+	MEMCALL(OP_BRK, rec_mem, real.brk, a, 0, 0)
+	return real.brk(a);
+}
+
+/* sbrk is a brk call to the current break plus the increment, as the
+ * kernel would see it (sbrk(0) makes none, but is the program's call). */
+static void *wrap_sbrk(intptr_t incr)
+{
+	struct tstate *t = enter_op(OP_BRK);
+	if (t) {
+		int saved = errno;
+		__u64 cur = (__u64)real.sbrk(0);
+		rec_mem(t, OP_BRK, cur + (__u64)incr, 0, 0, (__u64)real.sbrk, FRAME);
+		errno = saved;
+		leave(t);
+	}
+	return real.sbrk(incr);
+}
+
+/* ends_locks: under the kernel's tracepoint, which records every memory
+ * syscall itself, only these are wrapped: the memory they give up ends the
+ * lifetimes of the locks in it, in the shim's chain cache too. */
+static const struct memcall {
+	const char *name;
+	void *wrapper;
+	void **real; /* what a slot bound to libc holds */
+	int ends_locks;
+} memcalls[] = {
+	{"madvise", (void *)wrap_madvise, (void **)&real.madvise, 0},
+	{"munmap", (void *)wrap_munmap, (void **)&real.munmap, 1},
+	{"mmap", (void *)wrap_mmap, (void **)&real.mmap, 0},
+	{"mmap64", (void *)wrap_mmap, (void **)&real.mmap, 0},
+	{"mremap", (void *)wrap_mremap, (void **)&real.mremap, 1},
+	{"brk", (void *)wrap_brk, (void **)&real.brk, 0},
+	{"sbrk", (void *)wrap_sbrk, (void **)&real.sbrk, 0},
+};
+
+/* Whether the page at addr is writable now, from /proc/self/maps (read
+ * without allocating). Full RELRO makes a GOT read-only once, after its
+ * object is relocated: a page seen writable is one the loader may still be
+ * writing, and must not be made read-only under it. -1 when unknown. */
+static int page_writable(__u64 addr)
+{
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	char buf[4096];
+	size_t have = 0;
+	int found = -1;
+	for (;;) {
+		ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+		buf[have] = 0;
+		char *line = buf, *nl;
+		while ((nl = strchr(line, '\n')) != NULL) {
+			char *p = line;
+			__u64 lo = 0, hi = 0;
+			for (; *p && *p != '-'; p++)
+				lo = lo * 16 + (__u64)(*p <= '9' ? *p - '0' : (*p | 0x20) - 'a' + 10);
+			for (p++; *p && *p != ' '; p++)
+				hi = hi * 16 + (__u64)(*p <= '9' ? *p - '0' : (*p | 0x20) - 'a' + 10);
+			if (addr >= lo && addr < hi && p + 2 < nl) {
+				found = p[2] == 'w';
+				break;
+			}
+			line = nl + 1;
+		}
+		if (found >= 0)
+			break;
+		have = (size_t)(buf + have - line);
+		memmove(buf, line, have);
+		if (have == sizeof(buf) - 1)
+			have = 0; /* a line longer than the buffer: no mapping line is */
+	}
+	close(fd);
+	return found;
+}
+
+/* Stores v in the GOT slot at slot, through a read-only (RELRO) page if
+ * need be, restoring its protection. */
+static int write_slot(__u64 slot, __u64 v)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	void *pg = (void *)(slot & ~(__u64)(page - 1));
+	int w = page_writable(slot);
+	if (w < 0)
+		return 0;
+	if (w) {
+		__atomic_store_n((__u64 *)slot, v, __ATOMIC_RELEASE);
+		return 1;
+	}
+	if (mprotect(pg, (size_t)page, PROT_READ | PROT_WRITE) != 0)
+		return 0;
+	__atomic_store_n((__u64 *)slot, v, __ATOMIC_RELEASE);
+	mprotect(pg, (size_t)page, PROT_READ);
+	return 1;
+}
+
+/* An address of the object's own (a lazily bound slot points at its PLT). */
+static int in_object(struct dl_phdr_info *info, __u64 a)
+{
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type == PT_LOAD && a >= info->dlpi_addr + ph->p_vaddr &&
+		    a < info->dlpi_addr + ph->p_vaddr + ph->p_memsz)
+			return 1;
+	}
+	return 0;
+}
+
+static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	__u64 base = info->dlpi_addr;
+	/* Not libc (whose own calls are direct anyway), the loader, the vDSO
+	 * or the shim itself. */
+	if (in_object(info, (__u64)real.madvise) || in_object(info, (__u64)gnu_get_libc_version) || base == getauxval(AT_BASE) ||
+	    base == getauxval(AT_SYSINFO_EHDR) || in_object(info, (__u64)patch_object))
+		return 0;
+	const ElfW(Dyn) *dyn = NULL;
+	for (int i = 0; i < info->dlpi_phnum; i++)
+		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+			dyn = (const ElfW(Dyn) *)(base + info->dlpi_phdr[i].p_vaddr);
+	if (!dyn)
+		return 0;
+	__u64 jmprel = 0, pltrelsz = 0, symtab = 0, strtab = 0, pltrel = 0;
+	for (; dyn->d_tag != DT_NULL; dyn++) {
+		switch (dyn->d_tag) {
+		case DT_JMPREL:
+			jmprel = dyn->d_un.d_ptr;
+			break;
+		case DT_PLTRELSZ:
+			pltrelsz = dyn->d_un.d_val;
+			break;
+		case DT_SYMTAB:
+			symtab = dyn->d_un.d_ptr;
+			break;
+		case DT_STRTAB:
+			strtab = dyn->d_un.d_ptr;
+			break;
+		case DT_PLTREL:
+			pltrel = dyn->d_un.d_val;
+			break;
+		}
+	}
+	if (!jmprel || !symtab || !strtab || pltrel != DT_RELA)
+		return 0;
+	/* The loader relocated these in place; an executable at 0 needs no
+	 * relocation. */
+	if (jmprel < base)
+		jmprel += base, symtab += base, strtab += base;
+	const ElfW(Rela) *r = (const ElfW(Rela) *)jmprel;
+	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
+	for (size_t i = 0; i < pltrelsz / sizeof(*r); i++) {
+		if (ELF64_R_TYPE(r[i].r_info) != R_X86_64_JUMP_SLOT)
+			continue;
+		const ElfW(Sym) *sym = &syms[ELF64_R_SYM(r[i].r_info)];
+		/* A symbol the object defines (an executable's canonical PLT
+		 * entry, whose address the program took) is left alone. */
+		if (sym->st_shndx != SHN_UNDEF || sym->st_value != 0)
+			continue;
+		const char *name = (const char *)strtab + sym->st_name;
+		for (size_t k = 0; k < sizeof(memcalls) / sizeof(memcalls[0]); k++) {
+			if (strcmp(name, memcalls[k].name) != 0)
+				continue;
+			if ((cfg_flags & SHM_F_SYSCALLS) && !memcalls[k].ends_locks)
+				break;
+			__u64 slot = base + r[i].r_offset;
+			__u64 cur = __atomic_load_n((__u64 *)slot, __ATOMIC_ACQUIRE);
+			if (cur == (__u64)memcalls[k].wrapper)
+				break;
+			/* libc's function, or the object's own PLT (bound lazily,
+			 * not yet called): anything else is a runtime's. */
+			if (cur == (__u64)*memcalls[k].real || (cur && in_object(info, cur)))
+				write_slot(slot, (__u64)memcalls[k].wrapper);
+			break;
+		}
+	}
+	return 0;
+}
+
+static void arm_probes(void);
+static int patch_lock;
+
+/* The objects loaded so far: their memory calls and the probes in them.
+ * Under the kernel's tracepoint the memory calls are its to record. */
+static void instrument_objects(void)
+{
+	while (__atomic_exchange_n(&patch_lock, 1, __ATOMIC_ACQUIRE))
+		__builtin_ia32_pause();
+	if (real.madvise)
+		dl_iterate_phdr(patch_object, NULL);
+	arm_probes();
+	__atomic_store_n(&patch_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* dlopen and dlmopen: what they loaded is instrumented as what was there
+ * at start. (Exporting these is safe: no runtime patches them.)
+ *
+ * glibc's dlopen takes its caller from its return address: the caller's
+ * RUNPATH and $ORIGIN find the library, its namespace receives it. So the
+ * real dlopen must see the program's return address, not the shim's, yet
+ * return to the shim. It is entered with a return address inside the
+ * caller's object that holds a ret instruction, and that ret returns to
+ * the shim (a return-address swap like the --probe exit stub's; neither
+ * works under a hardware shadow stack, which glibc 2.36 does not enable). */
+__attribute__((used, visibility("hidden"))) void *dl_real_fn[2];
+
+struct gadget_search {
+	__u64 pc;
+	__u64 found;
+};
+
+static int find_gadget(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct gadget_search *gs = data;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		__u64 lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_filesz;
+		if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X) || gs->pc < lo || gs->pc >= hi)
+			continue;
+		for (__u64 a = lo; a < hi; a++)
+			if (*(const __u8 *)a == 0xc3) {
+				gs->found = a;
+				break;
+			}
+		return 1;
+	}
+	return 0;
+}
+
+/* Where the real dlopen should return to for a call from caller (0 when
+ * the caller is in no object: JIT code, which glibc treats as the
+ * executable's anyway); resolves the real functions first. */
+__attribute__((used, visibility("hidden"))) __u64 dl_gadget(__u64 caller)
+{
+	int saved = errno;
+	if (!real.dlopen || !real.dlmopen)
+		resolve_real();
+	dl_real_fn[0] = (void *)real.dlopen;
+	dl_real_fn[1] = (void *)real.dlmopen;
+	struct gadget_search gs = {caller, 0};
+	if (!in_shim(caller))
+		dl_iterate_phdr(find_gadget, &gs);
+	errno = saved;
+	return gs.found;
+}
+
+__attribute__((used, visibility("hidden"))) void dl_loaded(void *h)
+{
+	if (!h)
+		return;
+	int saved = errno;
+	struct tstate *t = enter();
+	if (t) {
+		instrument_objects();
+		leave(t);
+	}
+	errno = saved;
+}
+
+/* The stubs: keep the arguments (dlmopen has three), find the gadget, and
+ * enter the real function with the gadget, then the continuation, as the
+ * return addresses; the stack is as at a call (rsp+8 16-byte aligned).
+ * At the continuation, or after a plain call when there is no gadget,
+ * dl_loaded gets the handle, which is then returned. */
+#define DL_STUB(name, index)                                       \
+	".text\n"                                                  \
+	".globl " name "\n"                                        \
+	".type " name ",@function\n" name ":\n"                    \
+	"\t.cfi_startproc\n"                                       \
+	"\tpush %rbp\n"                                            \
+	"\t.cfi_def_cfa_offset 16\n"                               \
+	"\t.cfi_offset %rbp, -16\n"                                \
+	"\tmov %rsp, %rbp\n"                                       \
+	"\t.cfi_def_cfa_register %rbp\n"                           \
+	"\tsub $32, %rsp\n"                                        \
+	"\tmov %rdi, -8(%rbp)\n"                                   \
+	"\tmov %rsi, -16(%rbp)\n"                                  \
+	"\tmov %rdx, -24(%rbp)\n"                                  \
+	"\tmov 8(%rbp), %rdi\n"                                    \
+	"\tcall dl_gadget\n"                                       \
+	"\tmov -8(%rbp), %rdi\n"                                   \
+	"\tmov -16(%rbp), %rsi\n"                                  \
+	"\tmov -24(%rbp), %rdx\n"                                  \
+	"\tmov dl_real_fn+" index "(%rip), %r11\n"                 \
+	"\ttest %rax, %rax\n"                                      \
+	"\tjz 1f\n"                                                \
+	"\tlea 2f(%rip), %rcx\n"                                   \
+	"\tmov %rcx, -16(%rbp)\n"                                  \
+	"\tmov %rax, -24(%rbp)\n"                                  \
+	"\tlea -24(%rbp), %rsp\n"                                  \
+	"\tjmp *%r11\n"                                            \
+	"1:\tcall *%r11\n"                                         \
+	"2:\tmov %rax, -8(%rbp)\n"                                 \
+	"\tand $-16, %rsp\n"                                       \
+	"\tmov %rax, %rdi\n"                                       \
+	"\tcall dl_loaded\n"                                       \
+	"\tmov -8(%rbp), %rax\n"                                   \
+	"\tleave\n"                                                \
+	"\t.cfi_def_cfa %rsp, 8\n"                                 \
+	"\tret\n"                                                  \
+	"\t.cfi_endproc\n"                                         \
+	".size " name ", .-" name "\n"
+
+__asm__(DL_STUB("dlopen", "0") DL_STUB("dlmopen", "8"));

@@ -1,0 +1,336 @@
+/* Part of shim.c, which includes it: --probe: breakpoints handled in the process. */
+
+/* ---- --probe: breakpoints handled in the process ---------------------- */
+
+/* A function the user named, reached by calls inside its own object as
+ * well as through the PLT: its first byte is an int3, the SIGTRAP handler
+ * records the entry and resumes at a copy of the first instruction, which
+ * jumps back after it. Nothing is restored in between, so other threads
+ * never run past an unarmed entry. */
+static struct probe {
+	__u64 addr;
+	__u8 *displaced;
+	__u32 index;
+} probes[SHM_PROBES];
+static int nprobes;
+static struct sigaction old_trap;
+
+static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
+{
+	__u64 sp = (__u64)uc->uc_mcontext.gregs[REG_RSP];
+	__u64 bp = (__u64)uc->uc_mcontext.gregs[REG_RBP];
+	count_call(t, OP_PROBE_ENTER);
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, OP_PROBE_ENTER);
+	e.arg = pr->index;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	/* The whole stack, unwound by hooktrace with .eh_frame: the rule
+	 * OUTER>INNER looks for OUTER among INNER's callers. */
+	if (cfg_flags & SHM_F_SAMPLES)
+		e.stack = take_sample_regs(t, pr->addr, sp, bp, 0);
+	if (!e.stack) {
+		struct stack r;
+		__u32 n = 0;
+		r.ips[n++] = pr->addr;
+		if (t->stack_hi && sp + 8 <= t->stack_hi)
+			r.ips[n++] = real_ret(t, sp, *(__u64 *)sp);
+		__u64 lo = sp, fp = bp;
+		while (n < MAX_FRAMES && t->stack_hi && fp > lo && fp + 16 <= t->stack_hi && !(fp & 7)) {
+			__u64 *f = (__u64 *)fp;
+			__u64 ra = real_ret(t, fp + 8, f[1]);
+			if (!ra)
+				break;
+			r.ips[n++] = ra;
+			lo = fp;
+			fp = f[0];
+		}
+		e.stack = send_stack(&r, n, n == MAX_FRAMES);
+	}
+	event_send(&e);
+	/* The exit: the return address goes through the exit stub, as a
+	 * uretprobe's does through the kernel's trampoline. */
+	if (t->nshadow < sizeof(t->shadow) / sizeof(t->shadow[0]) && t->stack_hi && sp + 8 <= t->stack_hi) {
+		t->shadow[t->nshadow++] = (struct shadow){sp, *(__u64 *)sp, pr->index};
+		*(__u64 *)sp = (__u64)probe_exit_stub;
+	}
+}
+
+/* Called by the exit stub with the function's return value and the slot
+ * its return address was in; returns where to go back to. Entries above
+ * the slot are of frames a longjmp left. */
+__attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 slot)
+{
+	struct tstate *t = &ts;
+	while (t->nshadow > 0 && t->shadow[t->nshadow - 1].slot < slot)
+		t->nshadow--;
+	if (t->nshadow == 0 || t->shadow[t->nshadow - 1].slot != slot)
+		abort(); /* no way back: the stack was changed under the recorder */
+	struct shadow sh = t->shadow[--t->nshadow];
+	int saved = errno;
+	if (!t->guard && active) {
+		t->guard = 1;
+		count_call(t, OP_PROBE_EXIT);
+		struct event e;
+		event_init(&e, t, OP_PROBE_EXIT);
+		e.flags = F_RETURN;
+		e.arg = sh.index;
+		e.ret = (__s64)rax;
+		event_send(&e);
+		t->guard = 0;
+	}
+	errno = saved;
+	return sh.ret;
+}
+
+/* The exit stub: keeps every register and the flags (a caller compiled
+ * with interprocedural register allocation may keep values in
+ * caller-saved registers across a call it knows), asks probe_exit_c where
+ * to go back to, and goes there with ret through a slot reserved first.
+ * The stack is 16-byte aligned at the call. */
+__asm__(".text\n"
+	".type probe_exit_stub,@function\n"
+	"probe_exit_stub:\n"
+	"\tsub $8, %rsp\n"
+	"\tpushfq\n"
+	"\tpush %rax\n"
+	"\tpush %rcx\n"
+	"\tpush %rdx\n"
+	"\tpush %rsi\n"
+	"\tpush %rdi\n"
+	"\tpush %r8\n"
+	"\tpush %r9\n"
+	"\tpush %r10\n"
+	"\tpush %r11\n"
+	"\tsub $264, %rsp\n"
+	"\tmovdqu %xmm0, 0(%rsp)\n"
+	"\tmovdqu %xmm1, 16(%rsp)\n"
+	"\tmovdqu %xmm2, 32(%rsp)\n"
+	"\tmovdqu %xmm3, 48(%rsp)\n"
+	"\tmovdqu %xmm4, 64(%rsp)\n"
+	"\tmovdqu %xmm5, 80(%rsp)\n"
+	"\tmovdqu %xmm6, 96(%rsp)\n"
+	"\tmovdqu %xmm7, 112(%rsp)\n"
+	"\tmovdqu %xmm8, 128(%rsp)\n"
+	"\tmovdqu %xmm9, 144(%rsp)\n"
+	"\tmovdqu %xmm10, 160(%rsp)\n"
+	"\tmovdqu %xmm11, 176(%rsp)\n"
+	"\tmovdqu %xmm12, 192(%rsp)\n"
+	"\tmovdqu %xmm13, 208(%rsp)\n"
+	"\tmovdqu %xmm14, 224(%rsp)\n"
+	"\tmovdqu %xmm15, 240(%rsp)\n"
+	"\tmov 328(%rsp), %rdi\n"
+	"\tlea 344(%rsp), %rsi\n"
+	"\tcall probe_exit_c\n"
+	"\tmov %rax, 344(%rsp)\n"
+	"\tmovdqu 0(%rsp), %xmm0\n"
+	"\tmovdqu 16(%rsp), %xmm1\n"
+	"\tmovdqu 32(%rsp), %xmm2\n"
+	"\tmovdqu 48(%rsp), %xmm3\n"
+	"\tmovdqu 64(%rsp), %xmm4\n"
+	"\tmovdqu 80(%rsp), %xmm5\n"
+	"\tmovdqu 96(%rsp), %xmm6\n"
+	"\tmovdqu 112(%rsp), %xmm7\n"
+	"\tmovdqu 128(%rsp), %xmm8\n"
+	"\tmovdqu 144(%rsp), %xmm9\n"
+	"\tmovdqu 160(%rsp), %xmm10\n"
+	"\tmovdqu 176(%rsp), %xmm11\n"
+	"\tmovdqu 192(%rsp), %xmm12\n"
+	"\tmovdqu 208(%rsp), %xmm13\n"
+	"\tmovdqu 224(%rsp), %xmm14\n"
+	"\tmovdqu 240(%rsp), %xmm15\n"
+	"\tadd $264, %rsp\n"
+	"\tpop %r11\n"
+	"\tpop %r10\n"
+	"\tpop %r9\n"
+	"\tpop %r8\n"
+	"\tpop %rdi\n"
+	"\tpop %rsi\n"
+	"\tpop %rdx\n"
+	"\tpop %rcx\n"
+	"\tpop %rax\n"
+	"\tpopfq\n"
+	"\tret\n"
+	".size probe_exit_stub, .-probe_exit_stub\n");
+
+static void on_trap(int sig, siginfo_t *si, void *ucv)
+{
+	ucontext_t *uc = ucv;
+	__u64 at = (__u64)uc->uc_mcontext.gregs[REG_RIP] - 1;
+	int armed = __atomic_load_n(&nprobes, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < armed; i++) {
+		if (probes[i].addr != at)
+			continue;
+		int saved = errno;
+		struct tstate *t = enter();
+		if (t) {
+			probe_hit(t, &probes[i], uc);
+			leave(t);
+		}
+		errno = saved;
+		uc->uc_mcontext.gregs[REG_RIP] = (greg_t)probes[i].displaced;
+		return;
+	}
+	/* Not ours: what the program would have had. */
+	if (old_trap.sa_flags & SA_SIGINFO) {
+		old_trap.sa_sigaction(sig, si, ucv);
+	} else if (old_trap.sa_handler != SIG_DFL && old_trap.sa_handler != SIG_IGN) {
+		old_trap.sa_handler(sig);
+	} else {
+		sigaction(SIGTRAP, &old_trap, NULL);
+		raise(SIGTRAP);
+	}
+}
+
+struct probe_search {
+	const struct shm_probe *want;
+	__u64 addr;
+};
+
+static const char *base_name(const char *p)
+{
+	const char *b = p;
+	for (; *p; p++)
+		if (*p == '/')
+			b = p + 1;
+	return b;
+}
+
+/* The loader names a library by the path it opened, mostly its soname's
+ * link (libopen-pal.so.40); hooktrace names the file that holds the code
+ * (libopen-pal.so.40.30.2): either is the object. */
+static int object_named(const char *name, const char *want)
+{
+	char real[PATH_MAX];
+	if (strcmp(base_name(name), want) == 0)
+		return 1;
+	return realpath(name, real) && strcmp(base_name(real), want) == 0;
+}
+
+static int find_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct probe_search *ps = data;
+	const char *name = info->dlpi_name ? info->dlpi_name : "";
+	int is_exe = name[0] == 0 && !ps->addr;
+	if ((ps->want->object[0] == 0 && is_exe) ||
+	    (ps->want->object[0] && name[0] && object_named(name, ps->want->object))) {
+		ps->addr = info->dlpi_addr + ps->want->vaddr;
+		return 1;
+	}
+	return 0;
+}
+
+/* Arms the table's probes in the objects loaded so far: in the
+ * constructor (before main, before any thread but this one runs), then
+ * after each dlopen for a library loaded later. A function whose live
+ * first bytes are not the file's (a runtime patched it) is left alone. */
+static __u8 probe_done[SHM_PROBES]; /* armed, or refused for good */
+static int trap_installed;
+
+static void arm_probes(void)
+{
+	__u32 n = *H32(SHM_OFF_NPROBES);
+	if (n == 0 || n > SHM_PROBES)
+		return;
+	long page = sysconf(_SC_PAGESIZE);
+	int first = nprobes;
+	for (__u32 i = 0; i < n; i++) {
+		if (probe_done[i])
+			continue;
+		const struct shm_probe *sp = (const struct shm_probe *)(shm + SHM_OFF_PROBES + i * SHM_PROBE_BYTES);
+		struct probe_search ps = {sp, 0};
+		dl_iterate_phdr(find_object, &ps);
+		if (!ps.addr)
+			continue; /* not loaded (yet) */
+		probe_done[i] = 1;
+		if (sp->len == 0 || sp->len > 15 || memcmp((void *)ps.addr, sp->insn, sp->len) != 0)
+			continue;
+		/* The displaced copy goes within 2 GiB of the function, so a
+		 * rip-relative operand can still reach its target. */
+		__u8 *tramp = MAP_FAILED;
+		for (__u64 k = 1; k <= 512 && tramp == MAP_FAILED; k++) {
+			__u64 hint = (ps.addr & ~(__u64)(page - 1)) - k * (1ULL << 20);
+			tramp = mmap((void *)hint, (size_t)page, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		}
+		if (tramp == MAP_FAILED)
+			continue;
+		memcpy(tramp, sp->insn, sp->len);
+		if (sp->disp_at) {
+			__s32 disp;
+			memcpy(&disp, tramp + sp->disp_at, 4);
+			__s64 moved = (__s64)disp + (__s64)ps.addr - (__s64)(__u64)tramp;
+			if (moved != (__s32)moved) {
+				munmap(tramp, (size_t)page);
+				continue;
+			}
+			disp = (__s32)moved;
+			memcpy(tramp + sp->disp_at, &disp, 4);
+		}
+		/* Then jmp *0(%rip) back to the next instruction. */
+		__u8 *j = tramp + sp->len;
+		j[0] = 0xff, j[1] = 0x25, j[2] = j[3] = j[4] = j[5] = 0;
+		__u64 back = ps.addr + sp->len;
+		memcpy(j + 6, &back, 8);
+		mprotect(tramp, (size_t)page, PROT_READ | PROT_EXEC);
+		probes[nprobes] = (struct probe){ps.addr, tramp, sp->index};
+		/* Published whole: other threads may be trapping already. */
+		__atomic_store_n(&nprobes, nprobes + 1, __ATOMIC_RELEASE);
+	}
+	if (nprobes == first)
+		return;
+	if (!trap_installed) {
+		struct sigaction sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_sigaction = on_trap;
+		sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
+		sigfillset(&sa.sa_mask);
+		sigaction(SIGTRAP, &sa, &old_trap);
+		trap_installed = 1;
+	}
+	/* One byte, written whole: a thread already running the function
+	 * (a library's constructor started it) sees the old byte or the
+	 * int3, either of which runs right. */
+	for (int i = first; i < nprobes; i++) {
+		__u64 pg = probes[i].addr & ~(__u64)(page - 1);
+		if (mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE | PROT_EXEC) != 0)
+			continue;
+		*(volatile __u8 *)probes[i].addr = 0xcc;
+		mprotect((void *)pg, (size_t)page, PROT_READ | PROT_EXEC);
+	}
+}
+
+/* A new process image is an exec, as the BPF side's sched_process_exec
+ * reports it: the first record of each image. */
+static void exec_event(struct tstate *t)
+{
+	count_call(t, OP_EXEC);
+	struct event e;
+	event_init(&e, t, OP_EXEC);
+	event_send(&e);
+}
+
+/* Recording starts here if no interposed call came first. The main
+ * thread's exit is recorded at exit() or _exit(). */
+__attribute__((constructor)) static void shim_init(void)
+{
+	struct tstate *t = enter();
+	if (t) {
+		instrument_objects();
+		leave(t);
+	}
+}
+
+/* exit: the other threads' records under way are finished before the
+ * process ends; later ones are counted, not written. */
+__attribute__((destructor)) static void shim_fini(void)
+{
+	struct tstate *t = enter();
+	if (!t)
+		return;
+	thread_exit_event(t, 0);
+	end_writes(t);
+	leave(t);
+}

@@ -1,0 +1,158 @@
+/* Part of shim.c, which includes it: the real functions: resolved with dlsym, and the bootstrap allocator dlsym may need. */
+
+/* ---- the real functions ------------------------------------------------ */
+
+static struct {
+	void *(*malloc)(size_t);
+	void *(*calloc)(size_t, size_t);
+	void *(*realloc)(void *, size_t);
+	void *(*reallocarray)(void *, size_t, size_t);
+	void (*free)(void *);
+	int (*posix_memalign)(void **, size_t, size_t);
+	void *(*aligned_alloc)(size_t, size_t);
+	void *(*memalign)(size_t, size_t);
+	void *(*valloc)(size_t);
+	void *(*pvalloc)(size_t);
+	int (*mutex_lock)(pthread_mutex_t *);
+	int (*mutex_trylock)(pthread_mutex_t *);
+	int (*mutex_timedlock)(pthread_mutex_t *, const struct timespec *);
+	int (*mutex_clocklock)(pthread_mutex_t *, clockid_t, const struct timespec *);
+	int (*mutex_unlock)(pthread_mutex_t *);
+	int (*mutex_init)(pthread_mutex_t *, const pthread_mutexattr_t *);
+	int (*mutex_destroy)(pthread_mutex_t *);
+	int (*rw_rdlock)(pthread_rwlock_t *);
+	int (*rw_wrlock)(pthread_rwlock_t *);
+	int (*rw_tryrdlock)(pthread_rwlock_t *);
+	int (*rw_trywrlock)(pthread_rwlock_t *);
+	int (*rw_timedrdlock)(pthread_rwlock_t *, const struct timespec *);
+	int (*rw_timedwrlock)(pthread_rwlock_t *, const struct timespec *);
+	int (*rw_clockrdlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
+	int (*rw_clockwrlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
+	int (*rw_unlock)(pthread_rwlock_t *);
+	int (*rw_init)(pthread_rwlock_t *, const pthread_rwlockattr_t *);
+	int (*rw_destroy)(pthread_rwlock_t *);
+	int (*spin_lock)(pthread_spinlock_t *);
+	int (*spin_trylock)(pthread_spinlock_t *);
+	int (*spin_unlock)(pthread_spinlock_t *);
+	int (*spin_init)(pthread_spinlock_t *, int);
+	int (*spin_destroy)(pthread_spinlock_t *);
+	int (*cond_wait)(pthread_cond_t *, pthread_mutex_t *);
+	int (*cond_timedwait)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+	int (*cond_clockwait)(pthread_cond_t *, pthread_mutex_t *, clockid_t, const struct timespec *);
+	int (*create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+	void (*exit)(void *) __attribute__((noreturn));
+	pid_t (*fork)(void);
+	pid_t (*_Fork)(void);
+	pid_t (*vfork)(void);
+	int (*execve)(const char *, char *const[], char *const[]);
+	int (*execvpe)(const char *, char *const[], char *const[]);
+	int (*fexecve)(int, char *const[], char *const[]);
+	int (*execveat)(int, const char *, char *const[], char *const[], int);
+	int (*spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+		     char *const[], char *const[]);
+	int (*spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+		      char *const[], char *const[]);
+	void (*_exit)(int) __attribute__((noreturn));
+	/* Reached through GOT slots the shim rewrites, not exported. */
+	int (*madvise)(void *, size_t, int);
+	int (*munmap)(void *, size_t);
+	void *(*mmap)(void *, size_t, int, int, int, off_t);
+	void *(*mremap)(void *, size_t, size_t, int, ...);
+	int (*brk)(void *);
+	void *(*sbrk)(intptr_t);
+	void *(*dlopen)(const char *, int);
+	void *(*dlmopen)(Lmid_t, const char *, int);
+} real;
+
+/* dlsym may call calloc (for its error state) before the real allocator is
+ * known: those calls are served from here and never freed. */
+static char boot_heap[64 << 10] __attribute__((aligned(16)));
+static size_t boot_used;
+static __thread int resolving;
+struct tstate;
+static struct tstate *tstate_self(void);
+
+static void *boot_alloc(size_t n)
+{
+	n = (n + 15) & ~(size_t)15;
+	size_t at = __atomic_fetch_add(&boot_used, n, __ATOMIC_RELAXED);
+	if (at + n > sizeof(boot_heap))
+		return NULL;
+	return boot_heap + at; /* static memory: already zero */
+}
+
+static int is_boot(const void *p)
+{
+	return (const char *)p >= boot_heap && (const char *)p < boot_heap + sizeof(boot_heap);
+}
+
+#define RESOLVE(field, name) real.field = dlsym(RTLD_NEXT, name)
+
+static void resolve_real(void)
+{
+	if (resolving)
+		return;
+	int saved = errno, guard = *(int *)tstate_self();
+	resolving = 1;
+	int *g = (int *)tstate_self(); /* guard is the first field */
+	*g = 1; /* what dlsym allocates is the shim's, not the target's */
+	RESOLVE(calloc, "calloc");
+	RESOLVE(malloc, "malloc");
+	RESOLVE(realloc, "realloc");
+	RESOLVE(reallocarray, "reallocarray");
+	RESOLVE(free, "free");
+	RESOLVE(posix_memalign, "posix_memalign");
+	RESOLVE(aligned_alloc, "aligned_alloc");
+	RESOLVE(memalign, "memalign");
+	RESOLVE(valloc, "valloc");
+	RESOLVE(pvalloc, "pvalloc");
+	RESOLVE(mutex_lock, "pthread_mutex_lock");
+	RESOLVE(mutex_trylock, "pthread_mutex_trylock");
+	RESOLVE(mutex_timedlock, "pthread_mutex_timedlock");
+	RESOLVE(mutex_clocklock, "pthread_mutex_clocklock");
+	RESOLVE(mutex_unlock, "pthread_mutex_unlock");
+	RESOLVE(mutex_init, "pthread_mutex_init");
+	RESOLVE(mutex_destroy, "pthread_mutex_destroy");
+	RESOLVE(rw_rdlock, "pthread_rwlock_rdlock");
+	RESOLVE(rw_wrlock, "pthread_rwlock_wrlock");
+	RESOLVE(rw_tryrdlock, "pthread_rwlock_tryrdlock");
+	RESOLVE(rw_trywrlock, "pthread_rwlock_trywrlock");
+	RESOLVE(rw_timedrdlock, "pthread_rwlock_timedrdlock");
+	RESOLVE(rw_timedwrlock, "pthread_rwlock_timedwrlock");
+	RESOLVE(rw_clockrdlock, "pthread_rwlock_clockrdlock");
+	RESOLVE(rw_clockwrlock, "pthread_rwlock_clockwrlock");
+	RESOLVE(rw_unlock, "pthread_rwlock_unlock");
+	RESOLVE(rw_init, "pthread_rwlock_init");
+	RESOLVE(rw_destroy, "pthread_rwlock_destroy");
+	RESOLVE(spin_lock, "pthread_spin_lock");
+	RESOLVE(spin_trylock, "pthread_spin_trylock");
+	RESOLVE(spin_unlock, "pthread_spin_unlock");
+	RESOLVE(spin_init, "pthread_spin_init");
+	RESOLVE(spin_destroy, "pthread_spin_destroy");
+	RESOLVE(cond_wait, "pthread_cond_wait");
+	RESOLVE(cond_timedwait, "pthread_cond_timedwait");
+	RESOLVE(cond_clockwait, "pthread_cond_clockwait");
+	RESOLVE(create, "pthread_create");
+	RESOLVE(exit, "pthread_exit");
+	RESOLVE(fork, "fork");
+	RESOLVE(_Fork, "_Fork");
+	RESOLVE(vfork, "vfork");
+	RESOLVE(execve, "execve");
+	RESOLVE(execvpe, "execvpe");
+	RESOLVE(fexecve, "fexecve");
+	RESOLVE(execveat, "execveat");
+	RESOLVE(spawn, "posix_spawn");
+	RESOLVE(spawnp, "posix_spawnp");
+	RESOLVE(_exit, "_exit");
+	RESOLVE(madvise, "madvise");
+	RESOLVE(munmap, "munmap");
+	RESOLVE(mmap, "mmap");
+	RESOLVE(mremap, "mremap");
+	RESOLVE(brk, "brk");
+	RESOLVE(sbrk, "sbrk");
+	RESOLVE(dlopen, "dlopen");
+	RESOLVE(dlmopen, "dlmopen");
+	resolving = 0;
+	*(int *)tstate_self() = guard;
+	errno = saved;
+}

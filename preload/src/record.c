@@ -1,0 +1,500 @@
+/* Part of shim.c, which includes it: threads' state, stacks and events: the held set and the chain cache. */
+
+/* ---- threads ------------------------------------------------------------ */
+
+static void count_call(struct tstate *t, __u32 op)
+{
+	/* One instruction, so a signal handler's count on this thread (which
+	 * lands between instructions) is never lost; no lock prefix: the
+	 * slot has one writer. */
+	if (likely(t->calls != NULL))
+		__asm__ volatile("incq %0" : "+m"(t->calls[op]));
+	else
+		__atomic_fetch_add(H64(SHM_OFF_SHARED) + op, 1, __ATOMIC_RELAXED);
+}
+
+/* Sets up a thread's state for this process: its TID (one syscall per
+ * thread), its counter slot. */
+static void thread_init(struct tstate *t)
+{
+	int saved = errno;
+	memset(t, 0, sizeof(*t));
+	t->shared.tid = (__u32)syscall(SYS_gettid);
+	__u32 slot = __atomic_fetch_add(H32(SHM_OFF_NEXT_SLOT), 1, __ATOMIC_RELAXED);
+	if (slot < SHM_SLOTS) {
+		t->calls = H64(SHM_OFF_SLOTS) + (__u64)slot * SHM_SLOT_OPS;
+		t->writing = &writing[slot].v;
+	}
+	if (t->shared.tid == my_pid)
+		t->stack_hi = (__u64)__libc_stack_end;
+	t->inited = 1;
+	errno = saved;
+}
+
+/* The calling thread's state when it records, or NULL. Sets the guard. */
+static void exec_event(struct tstate *t);
+
+static struct tstate *enter(void)
+{
+	struct tstate *t = &ts;
+	if (t->guard)
+		return NULL;
+	int first = 0;
+	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)) {
+		t->guard = 1;
+		first = init_process();
+		t->guard = 0;
+		if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)
+			return NULL;
+	}
+	if (unlikely(forking) && (__u32)getpid() != my_pid)
+		after_fork_child();
+	if (!active)
+		return NULL;
+	t->guard = 1;
+	if (unlikely(!t->inited))
+		thread_init(t);
+	if (unlikely(first))
+		exec_event(t);
+	return t;
+}
+
+/* enter for an interposed call of op. Inside the shim (the guard is set)
+ * the call is forwarded unrecorded, but counted when it is the target's:
+ * a signal handler that interrupted the shim, not the shim's own
+ * bootstrap. */
+static struct tstate *enter_op(__u32 op)
+{
+	struct tstate *t = &ts;
+	if (unlikely(t->guard)) {
+		if (t->inited && active && !resolving && !vf.child)
+			count_call(t, op);
+		return NULL;
+	}
+	return enter();
+}
+
+static void leave(struct tstate *t)
+{
+	t->guard = 0;
+}
+
+/* ---- stacks ------------------------------------------------------------- */
+
+/* The frame-pointer chain from an interposer's frame: fn (the real
+ * function, where the BPF side's probe would be), the caller's return
+ * address, then the caller's chain. Every frame read is checked to lie on
+ * the live stack, so code built without frame pointers (which leaves
+ * anything in rbp) ends the walk instead of faulting. At a return (fn 0)
+ * the caller comes first, as at the BPF side's return probes. */
+static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *truncated)
+{
+	__u32 n = 0;
+	if (fn)
+		ips[n++] = fn;
+	ips[n++] = frame[1];
+	__u64 lo = (__u64)frame, hi = t->stack_hi;
+	__u64 fp = frame[0];
+	while (n < MAX_FRAMES) {
+		if (!hi || fp <= lo || fp + 16 > hi || (fp & 7))
+			break;
+		__u64 *f = (__u64 *)fp;
+		__u64 ra = real_ret(t, fp + 8, f[1]);
+		if (!ra)
+			break;
+		if (!in_shim(ra))
+			ips[n++] = ra;
+		lo = fp;
+		fp = f[0];
+	}
+	*truncated = n == MAX_FRAMES;
+	return n;
+}
+
+/* Sends the stack in r (once per hash, as far as this process knows) and
+ * returns its hash. */
+static __u64 send_stack(struct stack *r, __u32 nr, int truncated)
+{
+	__u64 hash = 0xcbf29ce484222325ULL ^ my_pid;
+	for (__u32 i = 0; i < nr; i++) {
+		hash ^= r->ips[i];
+		hash *= 0x100000001b3ULL;
+	}
+	hash &= ~(1ULL << 63); /* the top bit marks sample ids */
+	if (!hash)
+		hash = 1;
+	__u64 *slot = &stacks_sent[hash & ((1 << 12) - 1)];
+	if (__atomic_load_n(slot, __ATOMIC_RELAXED) == hash)
+		return hash;
+	r->type = REC_STACK;
+	r->nr = nr;
+	r->pid = my_pid;
+	r->truncated = truncated;
+	r->hash = hash;
+	memset(&r->ips[nr], 0, (MAX_FRAMES - nr) * sizeof(__u64));
+	ring_output(r, sizeof(*r), REC_STACK);
+	__atomic_store_n(slot, hash, __ATOMIC_RELAXED);
+	return hash;
+}
+
+static __u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
+{
+	struct stack r;
+	int truncated;
+	__u32 nr = walk(t, r.ips, fn, frame, &truncated);
+	return send_stack(&r, nr, truncated);
+}
+
+/* Raw stack memory from sp up, with the registers a probe at ip would
+ * see, for hooktrace's .eh_frame unwinder; returns its id (top bit set). */
+static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __u64 until)
+{
+	__u64 len = SAMPLE_BYTES;
+	if (until > sp && until - sp + 2048 < len)
+		len = until - sp + 2048;
+	/* Only the live stack may be read. */
+	__u64 top = t->stack_hi ? t->stack_hi : (until > sp ? until : sp) + 16;
+	if (sp + len > top)
+		len = top > sp ? top - sp : 0;
+	len &= ~7ULL;
+	if (len < 16)
+		return 0;
+	if (!write_begin())
+		return 0;
+	__u64 pos;
+	unsigned char *p = ring_reserve(sizeof(struct sample), &pos);
+	if (!p) {
+		count_lost(REC_SAMPLE);
+		write_end();
+		return 0;
+	}
+	struct sample *r = (struct sample *)p;
+	__u64 id = (1ULL << 63) | ((__u64)t->shared.tid << 32) |
+		   (__atomic_fetch_add(&sample_seq, 1, __ATOMIC_RELAXED) & 0xffffffff);
+	r->type = REC_SAMPLE;
+	r->len = (__u32)len;
+	r->pid = my_pid;
+	r->pad = 0;
+	r->hash = id;
+	r->ip = ip;
+	r->sp = sp;
+	r->bp = bp;
+	memcpy(r->data, (void *)sp, len);
+	for (__u32 i = 0; i < t->nshadow; i++) {
+		__u64 slot = t->shadow[i].slot;
+		if (slot >= sp && slot + 8 <= sp + len)
+			memcpy(r->data + (slot - sp), &t->shadow[i].ret, 8);
+	}
+	ring_commit(p, pos);
+	write_end();
+	return id;
+}
+
+/* A sample from an interposer's return-address slot up, with the
+ * registers a probe at fn's entry would see. */
+static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
+{
+	return take_sample_regs(t, fn, (__u64)&frame[1], frame[0], t->shared.alloc_sp);
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+static void event_init(struct event *e, struct tstate *t, __u32 op)
+{
+	memset(e, 0, sizeof(*e));
+	e->type = REC_EVENT;
+	e->op = op;
+	e->pid = my_pid;
+	e->tid = t->shared.tid;
+	e->time = now();
+}
+
+static void event_send(struct event *e)
+{
+	ring_output(e, sizeof(*e), REC_EVENT);
+}
+
+/* A sample inside an allocator call, a frame-pointer stack otherwise. */
+static void send_with_stack(struct tstate *t, struct event *e, __u64 fn, __u64 *frame)
+{
+	if ((e->flags & F_IN_ALLOC) && (cfg_flags & SHM_F_SAMPLES) && fn)
+		e->stack = take_sample(t, fn, frame);
+	if (!e->stack)
+		e->stack = take_stack(t, fn, frame);
+	event_send(e);
+}
+
+/* The lock's attributes the analyzer uses, as Event.Arg: a mutex's type
+ * (__kind, offset 16 on x86-64 glibc), a rwlock's preference (__flags,
+ * offset 48: PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP makes reads
+ * queue behind writers). */
+static __u32 mutex_kind(__u32 op, __u64 lock)
+{
+	if (!lock)
+		return 0;
+	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
+		return *(__u32 *)(lock + 16);
+	if (op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_CLOCKWRLOCK)
+		return *(__u32 *)(lock + 48);
+	return 0;
+}
+
+/* The held set's part of a chain key, kept as the locks come and go
+ * rather than hashed on every call: a sum (not a xor) of each address
+ * mixed, so that a lock held twice still counts. The edges an acquisition
+ * adds do not depend on the order the held locks were taken in. */
+static inline __u64 held_mix(__u64 addr)
+{
+	addr ^= addr >> 31;
+	return addr * 0xbf58476d1ce4e5b9ULL;
+}
+
+static void held_push(struct tstate *t, __u64 addr, __u32 op, __u32 kind, __u64 stack, __u64 time, __u16 sent)
+{
+	__u32 i = t->nheld;
+	if (i >= MAX_HELD)
+		return;
+	t->held_locks[i] = (struct held_lock){addr, stack, time, kind, (__u16)op, sent};
+	t->nheld = i + 1;
+	t->held_sum += held_mix(addr);
+}
+
+static int held_pop(struct tstate *t, __u64 addr)
+{
+	for (int i = (int)t->nheld - 1; i >= 0; i--) {
+		if (t->held_locks[i].addr != addr)
+			continue;
+		int sent = t->held_locks[i].sent;
+		for (__u32 j = i; j + 1 < t->nheld; j++)
+			t->held_locks[j] = t->held_locks[j + 1];
+		t->nheld--;
+		t->held_sum -= held_mix(addr);
+		return sent;
+	}
+	return -1;
+}
+
+/* The chain key: independent products the CPU multiplies in parallel,
+ * then one finalizer, so that the low bits (the caches' index) mix all. */
+static __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
+{
+	__u64 h = t->held_sum;
+	h += (lock ^ 0x9e3779b97f4a7c15ULL) * 0x94d049bb133111ebULL;
+	h += (site ^ 0xc2b2ae3d27d4eb4fULL) * 0xff51afd7ed558ccdULL;
+	h += ((__u64)op | ((__u64)my_pid << 32)) * 0xc4ceb9fe1a85ec53ULL;
+	h += __atomic_load_n(&lock_epoch, __ATOMIC_RELAXED) * 0x165667b19e3779f9ULL;
+	h ^= h >> 32;
+	h *= 0xd6e8feb86659fd93ULL;
+	h ^= h >> 32;
+	return h ? h : 1;
+}
+
+static void flush_held(struct tstate *t)
+{
+	for (__u32 i = 0; i < t->nheld; i++) {
+		struct held_lock *h = &t->held_locks[i];
+		if (h->sent)
+			continue;
+		struct event fe;
+		event_init(&fe, t, h->op);
+		if (h->time)
+			fe.time = h->time;
+		fe.addr = h->addr;
+		fe.arg = mutex_kind(h->op, h->addr);
+		fe.stack = h->stack;
+		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+		event_send(&fe);
+		h->sent = 1;
+	}
+}
+
+#define CHAIN_MASK ((1 << 16) - 1)
+
+/* The stack hash a pattern was sent with (bit 62 set, so never 0), or 0
+ * when the pattern is new. */
+static __u64 pattern_seen(struct tstate *t, __u64 key)
+{
+	__u32 c = key & (PATTERN_CACHE - 1);
+	if (t->cache_key[c] == key)
+		return t->cache_stack[c];
+	for (__u32 i = 0; i < 8; i++) {
+		__u32 at = (key + i) & CHAIN_MASK;
+		__u64 k = __atomic_load_n(&chain_keys[at], __ATOMIC_ACQUIRE);
+		if (k == 0)
+			return 0;
+		if (k == key) {
+			t->cache_key[c] = key;
+			t->cache_stack[c] = __atomic_load_n(&chain_vals[at], __ATOMIC_RELAXED) | (1ULL << 62);
+			return t->cache_stack[c];
+		}
+	}
+	return 0;
+}
+
+static void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
+{
+	for (__u32 i = 0; i < 8; i++) {
+		__u32 at = (key + i) & CHAIN_MASK;
+		__u64 zero = 0;
+		if (__atomic_compare_exchange_n(&chain_keys[at], &zero, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED) ||
+		    zero == key) {
+			__atomic_store_n(&chain_vals[at], stack, __ATOMIC_RELAXED);
+			break;
+		}
+	}
+	__u32 c = key & (PATTERN_CACHE - 1);
+	t->cache_key[c] = key;
+	t->cache_stack[c] = stack | (1ULL << 62);
+}
+
+static int dedupable(struct tstate *t)
+{
+	return !(cfg_flags & SHM_F_FULL) && t->held >= 0 && (__u32)t->held == t->nheld;
+}
+
+static void alloc_context(struct tstate *t, struct event *e)
+{
+	if (!t->shared.alloc_depth)
+		return;
+	e->flags |= F_IN_ALLOC;
+	e->addr2 = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
+}
+
+/* An allocator call's entry. Returns nothing: the call is made by the
+ * interposer, inside alloc_depth. */
+static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
+{
+	count_call(t, op);
+	int nested = t->shared.alloc_depth > 0;
+	__u64 outer = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
+	if (!nested) {
+		t->shared.alloc_seq++;
+		t->shared.alloc_op = op;
+		t->shared.alloc_sp = (__u64)&frame[1];
+	}
+	/* A free that may end a lock's lifetime is sent: the analysis ends
+	 * the locks in the chunk it names. */
+	int covers = 0;
+	if (!(cfg_flags & SHM_F_FULL) && !nested && op == OP_FREE && (covers = free_covers_lock(addr, size)))
+		lifetime_changed();
+	if (!(cfg_flags & SHM_F_FULL) && !nested && !covers && t->held <= 0)
+		return;
+	__u64 key = 0;
+	if (!nested && !covers && dedupable(t)) {
+		key = pattern_key(t, op, 0, frame[1]);
+		if (pattern_seen(t, key))
+			return;
+	}
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	if (nested) {
+		e.flags |= F_IN_ALLOC;
+		e.addr2 = outer;
+	}
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	e.addr = addr;
+	e.size = size;
+	e.arg = arg;
+	send_with_stack(t, &e, fn, frame);
+	if (key)
+		pattern_sent(t, key, e.stack);
+}
+
+/* A blocking acquisition, recorded at entry as the BPF side does: a thread
+ * that then blocks for good is seen waiting. */
+static void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
+{
+	count_call(t, op);
+	__u64 key = 0;
+	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
+		key = pattern_key(t, op, lock, 0);
+		__u64 known = pattern_seen(t, key);
+		if (known) {
+			/* No clock read here (the vDSO's is a fifth of this path):
+			 * if the acquisition is ever sent, flush_held stamps it. */
+			held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
+			t->held++;
+			return;
+		}
+	}
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = lock;
+	e.arg = mutex_kind(op, lock);
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	e.flags |= F_ACQUIRED;
+	alloc_context(t, &e);
+	send_with_stack(t, &e, fn, frame);
+	held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
+	t->held++;
+	lock_page_add(lock);
+	if (key)
+		pattern_sent(t, key, e.stack);
+}
+
+static void rec_release(struct tstate *t, __u32 op, __u64 lock)
+{
+	count_call(t, op);
+	int sent = held_pop(t, lock);
+	if (t->held > 0)
+		t->held--;
+	if (sent == 0)
+		return; /* its acquisition was only counted: so is its release */
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = lock;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	event_send(&e);
+}
+
+/* A try, timed or clock acquisition's result (counted at entry). */
+static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret, __u64 *frame)
+{
+	flush_held(t);
+	struct event e;
+	event_init(&e, t, op);
+	e.flags = F_RETURN;
+	e.addr = lock;
+	e.addr2 = addr2;
+	e.ret = ret;
+	if (ret == 0) {
+		e.flags |= F_ACQUIRED;
+		t->held++;
+	}
+	e.arg = mutex_kind(op, lock);
+	if (t->held > 1 || (!(e.flags & F_ACQUIRED) && t->held > 0))
+		e.flags |= F_LOCKS_HELD;
+	alloc_context(t, &e);
+	send_with_stack(t, &e, 0, frame);
+	if (e.flags & F_ACQUIRED) {
+		held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
+		lock_page_add(lock);
+	}
+}
+
+/* An init or destroy: the lock's lifetime ends (re-initialising a live
+ * lock ends it too), so every pattern is new again. An init is sent with
+ * its stack, which names a heap lock, and registers the lock's page; a
+ * destroy goes without, as on the BPF side. */
+static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
+{
+	count_call(t, op);
+	lifetime_changed();
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = lock;
+	e.arg = arg;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	if (!frame) {
+		event_send(&e);
+		return;
+	}
+	send_with_stack(t, &e, fn, frame);
+	lock_page_add(lock);
+}
