@@ -28,6 +28,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "libcpatch.h"
+
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t cfg_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile long unmaps;
@@ -90,20 +92,6 @@ __attribute__((noinline)) void under_wrapper(void)
 	keep = node;
 	rlock_unlock(&wrap_lock);
 	free(node);
-}
-
-/* Overwrites fn's first 13 bytes with movabs $hook,%r11; jmp *%r11. */
-static void patch(void *fn, void *hook)
-{
-	long page = sysconf(_SC_PAGESIZE);
-	uintptr_t start = (uintptr_t)fn & ~(uintptr_t)(page - 1);
-	mprotect((void *)start, 2 * page, PROT_READ | PROT_WRITE | PROT_EXEC);
-	unsigned char code[13] = {0x49, 0xbb};
-	uint64_t target = (uint64_t)hook;
-	memcpy(code + 2, &target, 8);
-	code[10] = 0x41, code[11] = 0xff, code[12] = 0xe3;
-	memcpy(fn, code, sizeof code);
-	mprotect((void *)start, 2 * page, PROT_READ | PROT_EXEC);
 }
 
 /* The first malloc of a new thread: glibc makes its arena. */

@@ -19,6 +19,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "libcpatch.h"
+
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile long invalidations;
 static void *volatile keep;
@@ -30,20 +32,6 @@ __attribute__((noinline)) int storm_hook(void *addr, size_t len, int advice)
 	invalidations++;
 	pthread_mutex_unlock(&hook_lock);
 	return syscall(SYS_madvise, addr, len, advice);
-}
-
-/* Overwrites fn's first 13 bytes with movabs $hook,%r11; jmp *%r11. */
-static void patch(void *fn, void *hook)
-{
-	long page = sysconf(_SC_PAGESIZE);
-	uintptr_t start = (uintptr_t)fn & ~(uintptr_t)(page - 1);
-	mprotect((void *)start, 2 * page, PROT_READ | PROT_WRITE | PROT_EXEC);
-	unsigned char code[13] = {0x49, 0xbb};
-	uint64_t target = (uint64_t)hook;
-	memcpy(code + 2, &target, 8);
-	code[10] = 0x41, code[11] = 0xff, code[12] = 0xe3;
-	memcpy(fn, code, sizeof code);
-	mprotect((void *)start, 2 * page, PROT_READ | PROT_EXEC);
 }
 
 __attribute__((noinline)) void register_block(void)

@@ -18,6 +18,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "libcpatch.h"
+
 struct recursive_spinlock {
 	pthread_spinlock_t lock;
 	volatile pthread_t owner; /* 0: none */
@@ -73,20 +75,6 @@ __attribute__((noinline)) int munmap_hook(void *addr, size_t len)
 	rlock_unlock(&event_lock);
 	rlock_unlock(&event_lock);
 	return syscall(SYS_munmap, addr, len);
-}
-
-/* Overwrites fn's first 13 bytes with movabs $hook,%r11; jmp *%r11. */
-static void patch(void *fn, void *hook)
-{
-	long page = sysconf(_SC_PAGESIZE);
-	uintptr_t start = (uintptr_t)fn & ~(uintptr_t)(page - 1);
-	mprotect((void *)start, 2 * page, PROT_READ | PROT_WRITE | PROT_EXEC);
-	unsigned char code[13] = {0x49, 0xbb};
-	uint64_t target = (uint64_t)hook;
-	memcpy(code + 2, &target, 8);
-	code[10] = 0x41, code[11] = 0xff, code[12] = 0xe3;
-	memcpy(fn, code, sizeof code);
-	mprotect((void *)start, 2 * page, PROT_READ | PROT_EXEC);
 }
 
 __attribute__((noinline)) static void release_big(void)
