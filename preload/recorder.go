@@ -71,7 +71,6 @@ type Preload struct {
 	shim      string
 	conv      *source.Converter
 	allocator string
-	lostSeen  uint64
 	tail      uint64
 	lostTail  uint64 // records skipped that a killed writer never finished
 
@@ -357,7 +356,7 @@ func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) err
 		}
 		if time.Since(lostTick) > time.Second || stopped {
 			lostTick = time.Now()
-			if err := p.reportLost(); err != nil {
+			if err := p.conv.ReportLost(p.Lost()); err != nil {
 				return err
 			}
 		}
@@ -472,16 +471,6 @@ func (p *Preload) flushSys(upTo uint64) error {
 	}
 	p.sysQueue = p.sysQueue[i:]
 	return nil
-}
-
-func (p *Preload) reportLost() error {
-	total := p.Lost()
-	if total <= p.lostSeen {
-		return nil
-	}
-	n := total - p.lostSeen
-	p.lostSeen = total
-	return p.conv.EmitLost(n)
 }
 
 // Lost is how many records the shim had no room for, plus any a killed

@@ -33,6 +33,8 @@ type Converter struct {
 	nthreads, nlocks atomic.Int64
 	// Emit receives the records.
 	Emit func(*events.Record) error
+	// lostSeen is the drops already reported (ReportLost).
+	lostSeen uint64
 	// OnFork hears of a child a traced process forked, to follow.
 	OnFork func(pid uint32)
 	unw    *unwinder
@@ -413,8 +415,14 @@ func (c *Converter) sendStack(p *procState, frames []events.Frame, truncated boo
 		ID: id, Frames: frames, Truncated: truncated}})
 }
 
-// EmitLost emits a Lost record for n records the source had no room for.
-func (c *Converter) EmitLost(n uint64) error {
+// ReportLost emits a Lost record for the drops a source counted since its
+// last report: total is its running count.
+func (c *Converter) ReportLost(total uint64) error {
+	if total <= c.lostSeen {
+		return nil
+	}
+	n := total - c.lostSeen
+	c.lostSeen = total
 	return c.send(&events.Record{Kind: events.RecLost, Lost: events.Lost{Time: proc.Now(), Count: n}})
 }
 

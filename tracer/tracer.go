@@ -45,7 +45,6 @@ type Tracer struct {
 
 	mu        sync.Mutex // guards what Attach, the reader and the status line share
 	conv      *source.Converter
-	lostSeen  uint64
 	allocator string
 	sites     []events.ProbeSite
 	// attached holds the processes whose probes are placed or being
@@ -344,7 +343,7 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 			return nil
 		}
 		lostTick = time.Now()
-		return t.reportLost()
+		return t.conv.ReportLost(t.Lost())
 	}
 	// The kernel wakes the reader only once a batch is waiting
 	// (WAKE_BYTES in hooktrace.c): poll for the rest. The deadline is
@@ -361,7 +360,7 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 		}
 		if err != nil {
 			if errors.Is(err, ringbuf.ErrFlushed) || errors.Is(err, ringbuf.ErrClosed) {
-				return t.reportLost()
+				return t.conv.ReportLost(t.Lost())
 			}
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
@@ -432,17 +431,6 @@ func keepFed() func() {
 // RingRead is how many records, and bytes, were read from the ring.
 func (t *Tracer) RingRead() (records, bytes uint64) {
 	return t.ringRecords.Load(), t.ringBytes.Load()
-}
-
-// reportLost emits a Lost record for drops since the last report.
-func (t *Tracer) reportLost() error {
-	total := t.Lost()
-	if total <= t.lostSeen {
-		return nil
-	}
-	n := total - t.lostSeen
-	t.lostSeen = total
-	return t.conv.EmitLost(n)
 }
 
 // Lost is how many records the ring buffer had no room for.
