@@ -35,6 +35,27 @@
 	}                                    \
 	return call;
 
+/* An init is recorded after the call, so that kind (read from the lock)
+ * is what the attributes gave; a destroy before it. */
+#define INIT(op, field, call, lock, kind)                                                  \
+	ENSURE(field);                                                                     \
+	int r = call;                                                                      \
+	struct tstate *t = enter_op(op);                                                   \
+	if (t) {                                                                           \
+		rec_lifetime(t, op, (__u64)(lock), (kind), (__u64)real.field, FRAME);          \
+		leave(t);                                                                  \
+	}                                                                                  \
+	return r;
+
+#define DESTROY(op, field, call, lock, kind)                       \
+	ENSURE(field);                                             \
+	struct tstate *t = enter_op(op);                           \
+	if (t) {                                                   \
+		rec_lifetime(t, op, (__u64)(lock), (kind), 0, NULL); \
+		leave(t);                                          \
+	}                                                          \
+	return call;
+
 EXPORT int pthread_mutex_lock(pthread_mutex_t *m)
 {
 	ACQUIRE(OP_MUTEX_LOCK, mutex_lock, real.mutex_lock(m), m)
@@ -62,27 +83,12 @@ EXPORT int pthread_mutex_unlock(pthread_mutex_t *m)
 
 EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
 {
-	ENSURE(mutex_init);
-	int r = real.mutex_init(m, a);
-	struct tstate *t = enter_op(OP_MUTEX_INIT);
-	if (t) {
-		/* Read after the init: the kind the attributes gave. */
-		rec_lifetime(t, OP_MUTEX_INIT, (__u64)m, mutex_kind(OP_MUTEX_INIT, (__u64)m), (__u64)real.mutex_init,
-			     FRAME);
-		leave(t);
-	}
-	return r;
+	INIT(OP_MUTEX_INIT, mutex_init, real.mutex_init(m, a), m, mutex_kind(OP_MUTEX_INIT, (__u64)m))
 }
 
 EXPORT int pthread_mutex_destroy(pthread_mutex_t *m)
 {
-	ENSURE(mutex_destroy);
-	struct tstate *t = enter_op(OP_MUTEX_DESTROY);
-	if (t) {
-		rec_lifetime(t, OP_MUTEX_DESTROY, (__u64)m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m), 0, NULL);
-		leave(t);
-	}
-	return real.mutex_destroy(m);
+	DESTROY(OP_MUTEX_DESTROY, mutex_destroy, real.mutex_destroy(m), m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m))
 }
 
 EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
@@ -135,26 +141,12 @@ EXPORT int pthread_rwlock_unlock(pthread_rwlock_t *l)
  * attribute at entry, and the default's 0 without one. */
 EXPORT int pthread_rwlock_init(pthread_rwlock_t *l, const pthread_rwlockattr_t *a)
 {
-	ENSURE(rw_init);
-	int r = real.rw_init(l, a);
-	struct tstate *t = enter_op(OP_RWLOCK_INIT);
-	if (t) {
-		rec_lifetime(t, OP_RWLOCK_INIT, (__u64)l, *(__u32 *)((__u64)l + GLIBC_RWLOCK_FLAGS_OFFSET),
-			     (__u64)real.rw_init, FRAME);
-		leave(t);
-	}
-	return r;
+	INIT(OP_RWLOCK_INIT, rw_init, real.rw_init(l, a), l, *(__u32 *)((__u64)l + GLIBC_RWLOCK_FLAGS_OFFSET))
 }
 
 EXPORT int pthread_rwlock_destroy(pthread_rwlock_t *l)
 {
-	ENSURE(rw_destroy);
-	struct tstate *t = enter_op(OP_RWLOCK_DESTROY);
-	if (t) {
-		rec_lifetime(t, OP_RWLOCK_DESTROY, (__u64)l, 0, 0, NULL);
-		leave(t);
-	}
-	return real.rw_destroy(l);
+	DESTROY(OP_RWLOCK_DESTROY, rw_destroy, real.rw_destroy(l), l, 0)
 }
 
 EXPORT int pthread_spin_lock(pthread_spinlock_t *l)
@@ -178,25 +170,12 @@ EXPORT int pthread_spin_unlock(pthread_spinlock_t *l)
  * program called. */
 EXPORT int pthread_spin_init(pthread_spinlock_t *l, int pshared)
 {
-	ENSURE(spin_init);
-	int r = real.spin_init(l, pshared);
-	struct tstate *t = enter_op(OP_SPIN_INIT);
-	if (t) {
-		rec_lifetime(t, OP_SPIN_INIT, (__u64)l, 0, (__u64)real.spin_init, FRAME);
-		leave(t);
-	}
-	return r;
+	INIT(OP_SPIN_INIT, spin_init, real.spin_init(l, pshared), l, 0)
 }
 
 EXPORT int pthread_spin_destroy(pthread_spinlock_t *l)
 {
-	ENSURE(spin_destroy);
-	struct tstate *t = enter_op(OP_SPIN_DESTROY);
-	if (t) {
-		rec_lifetime(t, OP_SPIN_DESTROY, (__u64)l, 0, 0, NULL);
-		leave(t);
-	}
-	return real.spin_destroy(l);
+	DESTROY(OP_SPIN_DESTROY, spin_destroy, real.spin_destroy(l), l, 0)
 }
 
 /* cond_wait releases its mutex at entry and holds it again at return,
