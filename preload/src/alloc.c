@@ -101,52 +101,46 @@ static struct mapping mmapped_chunk(void *p)
 	return m;
 }
 
-/* The munmap that free made, sent once free returns (what a hook took
- * meanwhile is recorded already, as it precedes the system call the BPF
- * side sees), inside the free, as the BPF side's sys_enter sends every
- * munmap: the analysis learns the hook ran under the locks held around
- * free without taking them again. Its stack is free's own, which tells
- * the analysis glibc holds no arena lock there. Where the kernel's
- * tracepoint is added, the kernel records it, flagged inside the free. */
-static void rec_free_munmap(struct tstate *t, struct mapping m, __u64 *frame)
+/* A system call glibc made inside an allocator call, which no
+ * interposition sees (its own mmap of a chunk above the mmap threshold in
+ * malloc, its munmap of one in free), read from the chunk's header and
+ * sent once the call returns, still inside it, with the fields the BPF
+ * side's sys_enter gives it. A hook the call ran meanwhile (a runtime's
+ * patched munmap entry) is recorded already, as it precedes the system
+ * call the BPF side sees; this tells the analysis the hook ran under the
+ * locks held around the call without taking them again. Its stack is the
+ * allocator call's own, which tells the analysis glibc holds no arena lock
+ * there. Under the kernel's tracepoint the kernel records it, flagged
+ * inside the call. */
+static void rec_glibc_syscall(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 arg, __u64 fn, __u64 *frame)
 {
-	count_call(t, OP_MUNMAP);
-	struct event e;
-	event_init(&e, t, OP_MUNMAP);
-	e.addr = m.addr;
-	e.size = m.len;
-	if (t->held > 0)
-		e.flags |= F_LOCKS_HELD;
-	alloc_context(t, &e);
-	e.stack = take_stack(t, (__u64)real.free, frame);
-	event_send(&e);
-}
-
-/* glibc maps a chunk above its mmap threshold with its own mmap, inside
- * the allocator call, which no interposition sees: sent once the call
- * returns, inside it, with the fields the BPF side's sys_enter gives that
- * mmap (no address asked for, the mapping's length, read-write, private
- * and anonymous), so the preload recorder alone counts a program's mapped
- * blocks as the kernel does. realloc is left out: it may move a mapped
- * chunk with mremap instead. Under the kernel's tracepoint the kernel
- * records it. */
-static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame)
-{
-	struct mapping m = mmapped_chunk(p);
-	if (likely(!m.len) || (cfg_flags & SHM_F_SYSCALLS) || t->guard)
+	if ((cfg_flags & SHM_F_SYSCALLS) || t->guard)
 		return;
 	t->guard = 1;
-	count_call(t, OP_MMAP);
+	count_call(t, op);
 	struct event e;
-	event_init(&e, t, OP_MMAP);
-	e.size = m.len;
-	e.arg = (__u64)(PROT_READ | PROT_WRITE) | ((__u64)(MAP_PRIVATE | MAP_ANONYMOUS) << 32);
+	event_init(&e, t, op);
+	e.addr = addr;
+	e.size = size;
+	e.arg = arg;
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
 	alloc_context(t, &e);
 	e.stack = take_stack(t, fn, frame);
 	event_send(&e);
 	leave(t);
+}
+
+/* The mmap of a fresh chunk (realloc is left out: it may move a mapped
+ * chunk with mremap instead): no address asked for, the mapping's length,
+ * read-write, private and anonymous. */
+static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame)
+{
+	struct mapping m = mmapped_chunk(p);
+	if (likely(!m.len))
+		return;
+	rec_glibc_syscall(t, OP_MMAP, 0, m.len, (__u64)(PROT_READ | PROT_WRITE) | ((__u64)(MAP_PRIVATE | MAP_ANONYMOUS) << 32),
+			  fn, frame);
 }
 
 EXPORT void free(void *p)
@@ -168,11 +162,8 @@ EXPORT void free(void *p)
 	t->shared.alloc_depth++;
 	leave(t);
 	real.free(p);
-	if (unmapped.len && !t->guard && !(cfg_flags & SHM_F_SYSCALLS)) {
-		t->guard = 1;
-		rec_free_munmap(t, unmapped, FRAME);
-		leave(t);
-	}
+	if (unmapped.len)
+		rec_glibc_syscall(t, OP_MUNMAP, unmapped.addr, unmapped.len, 0, (__u64)real.free, FRAME);
 	t->shared.alloc_depth--;
 	if (!t->shared.alloc_depth)
 		t->shared.alloc_sp = 0;

@@ -306,7 +306,7 @@ static int lock_page_has(__u64 page)
 /* Whether freeing the glibc chunk at p may end a lock's lifetime: a page
  * it spans holds a lock. The BPF side skips chunks glibc mmapped, whose
  * munmap it sees and ends the epoch at; the shim's record of that munmap
- * (rec_free_munmap) does not, so such chunks are checked like any other.
+ * (rec_glibc_syscall) does not, so such chunks are checked like any other.
  * Another allocator's chunk has no size the shim can read, and its free no
  * size the analysis could end locks by. */
 static int free_covers_lock(__u64 p, __u64 size)
