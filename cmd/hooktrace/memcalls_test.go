@@ -196,3 +196,20 @@ func TestPreloadMappedBlocks(t *testing.T) {
 		t.Errorf("mmap %d, munmap %d of the blocks inside malloc and free from map_blocks; want 7 each", in[events.OpMmap], in[events.OpMunmap])
 	}
 }
+
+// TestPreloadMemoryCallsFullRELRO: linked with -z now, the program's GOT
+// is read-only once relocated; the shim makes its page writable for the
+// store alone, and sees each call as with lazy binding.
+func TestPreloadMemoryCallsFullRELRO(t *testing.T) {
+	prog := testenv.Program(t, "memcalls", "-Wl,-z,now")
+	stdout, _, stderr, code := runJSON(t, "--recorder", "preload", "--fail-on", "none", "--", prog)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	calls := parseReport(t, stdout).Stats.Calls
+	for op, n := range map[string]uint64{"mmap": 5, "madvise": 5, "mremap": 5, "munmap": 5, "brk": 1} {
+		if calls[op] != n {
+			t.Errorf("calls.%s = %d, want %d (calls %v)", op, calls[op], n, calls)
+		}
+	}
+}

@@ -168,13 +168,29 @@ static int page_writable(__u64 addr)
 	return found;
 }
 
+/* Whether a lies in a segment of info's object of type (PT_LOAD: the
+ * object's own memory; PT_GNU_RELRO: what the loader makes read-only once
+ * the object is relocated). */
+static int in_segment(struct dl_phdr_info *info, __u64 a, __u32 type)
+{
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type == type && a >= info->dlpi_addr + ph->p_vaddr &&
+		    a < info->dlpi_addr + ph->p_vaddr + ph->p_memsz)
+			return 1;
+	}
+	return 0;
+}
+
 /* Stores v in the GOT slot at slot, through a read-only (RELRO) page if
- * need be, restoring its protection. */
-static int write_slot(__u64 slot, __u64 v)
+ * need be, restoring its protection. A slot outside RELRO (lazy binding's
+ * .got.plt) is writable as the object was loaded: the maps are read only
+ * for one inside. */
+static int write_slot(struct dl_phdr_info *info, __u64 slot, __u64 v)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	void *pg = (void *)(slot & ~(__u64)(page - 1));
-	int w = page_writable(slot);
+	int w = in_segment(info, slot, PT_GNU_RELRO) ? page_writable(slot) : 1;
 	if (w < 0)
 		return 0;
 	if (w) {
@@ -191,13 +207,7 @@ static int write_slot(__u64 slot, __u64 v)
 /* An address of the object's own (a lazily bound slot points at its PLT). */
 static int in_object(struct dl_phdr_info *info, __u64 a)
 {
-	for (int i = 0; i < info->dlpi_phnum; i++) {
-		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-		if (ph->p_type == PT_LOAD && a >= info->dlpi_addr + ph->p_vaddr &&
-		    a < info->dlpi_addr + ph->p_vaddr + ph->p_memsz)
-			return 1;
-	}
-	return 0;
+	return in_segment(info, a, PT_LOAD);
 }
 
 static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
@@ -263,7 +273,7 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 			/* libc's function, or the object's own PLT (bound lazily,
 			 * not yet called): anything else is a runtime's. */
 			if (cur == (__u64)*memcalls[k].real || (cur && in_object(info, cur)))
-				write_slot(slot, (__u64)memcalls[k].wrapper);
+				write_slot(info, slot, (__u64)memcalls[k].wrapper);
 			break;
 		}
 	}
