@@ -247,6 +247,29 @@ func sameSet(a, b []string) bool {
 // 2.36's pthread_spin_init is pthread_spin_unlock's code. Its
 // thread_create comes from a tracepoint and is not compared: it was seen
 // at 0 on a loaded machine (to investigate).
+// checkInversion holds testdata/inversion's findings to its one cycle:
+// lock_a and lock_b, each edge with the function that took the pair.
+func checkInversion(t *testing.T, all []finding) finding {
+	t.Helper()
+	fs := ofKind(all, "lock-order-cycle", "error")
+	if len(fs) != 1 {
+		t.Fatalf("want 1 lock-order-cycle error, got %d: %v", len(fs), fs)
+	}
+	f := fs[0]
+	if !sameSet(f.Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
+		t.Errorf("locks %q", f.Locks)
+	}
+	var sawAB, sawBA bool
+	for i := range f.Edges {
+		sawAB = sawAB || f.edgeStackHas(i, "pthread_mutex_lock", "take_a_then_b", "first")
+		sawBA = sawBA || f.edgeStackHas(i, "pthread_mutex_lock", "take_b_then_a", "second")
+	}
+	if !sawAB || !sawBA {
+		t.Errorf("edge stacks lack the callers:\n%v", f)
+	}
+	return f
+}
+
 func checkCalls(t *testing.T, r traced, want map[string]uint64) {
 	t.Helper()
 	for op, n := range want {
@@ -271,22 +294,7 @@ func TestInversionAcrossThreads(t *testing.T) {
 	for _, r := range traceRuns(t, nil, prog) {
 		t.Run(r.String(), func(t *testing.T) {
 			checkCalls(t, r, map[string]uint64{"pthread_mutex_lock": 4, "pthread_mutex_unlock": 4, "thread_create": 2})
-			fs := ofKind(r.fs, "lock-order-cycle", "error")
-			if len(fs) != 1 {
-				t.Fatalf("want 1 lock-order-cycle error, got %d: %v", len(fs), fs)
-			}
-			f := fs[0]
-			if !sameSet(f.Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
-				t.Errorf("locks %q", f.Locks)
-			}
-			var sawAB, sawBA bool
-			for i := range f.Edges {
-				sawAB = sawAB || f.edgeStackHas(i, "pthread_mutex_lock", "take_a_then_b", "first")
-				sawBA = sawBA || f.edgeStackHas(i, "pthread_mutex_lock", "take_b_then_a", "second")
-			}
-			if !sawAB || !sawBA {
-				t.Errorf("edge stacks lack the callers:\n%v", f)
-			}
+			f := checkInversion(t, r.fs)
 			if len(f.Edges) == 2 && f.Edges[0].Thread == f.Edges[1].Thread {
 				t.Errorf("both edges on thread %d", f.Edges[0].Thread)
 			}
