@@ -93,9 +93,10 @@ static struct mapping mmapped_chunk(void *p)
 	struct mapping m = {0, 0};
 	if (!p || !glibc_free)
 		return m;
-	__u64 hdr = ((__u64 *)p)[-1], prev = ((__u64 *)p)[-2];
-	if (!(hdr & 2)) /* IS_MMAPPED */
+	__u64 hdr = ((__u64 *)p)[-1];
+	if (likely(!(hdr & 2))) /* IS_MMAPPED */
 		return m;
+	__u64 prev = ((__u64 *)p)[-2];
 	m.addr = (__u64)p - 16 - prev;
 	m.len = prev + (hdr & ~7ULL);
 	return m;
