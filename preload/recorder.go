@@ -502,13 +502,8 @@ func (p *Preload) Calls() map[string]uint64 {
 		}
 	}
 	if p.sys != nil {
-		// The kernel sees every memory syscall; the shim only those it
-		// can tell were made (free's munmap of a mapped chunk).
-		for _, op := range events.Ops() {
-			if op.IsMemSyscall() {
-				delete(out, op.String())
-			}
-		}
+		// The memory syscalls are the kernel's: told so (shmFSyscalls),
+		// the shim records and counts none.
 		for name, n := range p.sys.Calls() {
 			if op, ok := events.OpByName(name); ok && op.IsMemSyscall() {
 				out[name] = n
