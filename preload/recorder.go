@@ -138,14 +138,8 @@ func (p *Preload) Syscalls() bool { return p.sys != nil }
 // New prepares the shared memory and the library. The ring's size
 // is opts.RingBytes.
 func New(opts source.Options) (*Preload, error) {
-	if opts.Mode == "" {
-		opts.Mode = source.ModeAggregate
-	}
-	if opts.Mode != source.ModeAggregate && opts.Mode != source.ModeFull {
-		return nil, fmt.Errorf("unknown mode %q (aggregate or full)", opts.Mode)
-	}
-	if opts.Warn == nil {
-		opts.Warn = func(string) {}
+	if err := opts.Defaults(); err != nil {
+		return nil, err
 	}
 	if len(opts.UserProbes) > shmProbes {
 		return nil, fmt.Errorf("%d functions to probe: the preload recorder takes at most %d", len(opts.UserProbes), shmProbes)

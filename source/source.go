@@ -49,6 +49,21 @@ type Options struct {
 	SyscallsOnly bool
 }
 
+// Defaults fills what o leaves empty (aggregate mode, warnings dropped)
+// and checks the mode, for either source.
+func (o *Options) Defaults() error {
+	if o.Mode == "" {
+		o.Mode = ModeAggregate
+	}
+	if o.Mode != ModeAggregate && o.Mode != ModeFull {
+		return fmt.Errorf("unknown mode %q (aggregate or full)", o.Mode)
+	}
+	if o.Warn == nil {
+		o.Warn = func(string) {}
+	}
+	return nil
+}
+
 // Errors a user can hit, for distinct exit codes.
 var (
 	ErrNoProcess  = errors.New("no such process")

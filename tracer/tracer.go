@@ -75,14 +75,8 @@ func (t *Tracer) Allocator() string {
 // New loads the BPF objects and attaches the global tracepoints. Nothing is
 // traced until Attach names a process.
 func New(opts source.Options) (*Tracer, error) {
-	if opts.Mode == "" {
-		opts.Mode = source.ModeAggregate
-	}
-	if opts.Mode != source.ModeAggregate && opts.Mode != source.ModeFull {
-		return nil, fmt.Errorf("unknown mode %q (aggregate or full)", opts.Mode)
-	}
-	if opts.Warn == nil {
-		opts.Warn = func(string) {}
+	if err := opts.Defaults(); err != nil {
+		return nil, err
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrPermission, err)

@@ -118,15 +118,8 @@ static void rec_glibc_syscall(struct tstate *t, __u32 op, __u64 addr, __u64 size
 	if ((cfg_flags & SHM_F_SYSCALLS) || t->guard)
 		return;
 	t->guard = 1;
-	count_call(t, op);
 	struct event e;
-	event_init(&e, t, op);
-	e.addr = addr;
-	e.size = size;
-	e.arg = arg;
-	if (t->held > 0)
-		e.flags |= F_LOCKS_HELD;
-	alloc_context(t, &e);
+	mem_event(t, &e, op, addr, size, arg);
 	e.stack = take_stack(t, fn, frame);
 	event_send(&e);
 	leave(t);

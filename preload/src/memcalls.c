@@ -18,15 +18,8 @@
  * sys_enter gives it, never deduplicated (as there). */
 static void rec_mem(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 arg, __u64 fn, __u64 *frame)
 {
-	count_call(t, op);
 	struct event e;
-	event_init(&e, t, op);
-	e.addr = addr;
-	e.size = size;
-	e.arg = arg;
-	if (t->held > 0)
-		e.flags |= F_LOCKS_HELD;
-	alloc_context(t, &e);
+	mem_event(t, &e, op, addr, size, arg);
 	send_with_stack(t, &e, fn, frame);
 }
 

@@ -360,6 +360,20 @@ static void alloc_context(struct tstate *t, struct event *e)
 	e->addr2 = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
 }
 
+/* A memory system call's event, counted, with the fields the BPF side's
+ * sys_enter gives it; the caller adds its stack. */
+static void mem_event(struct tstate *t, struct event *e, __u32 op, __u64 addr, __u64 size, __u64 arg)
+{
+	count_call(t, op);
+	event_init(e, t, op);
+	e->addr = addr;
+	e->size = size;
+	e->arg = arg;
+	if (t->held > 0)
+		e->flags |= F_LOCKS_HELD;
+	alloc_context(t, e);
+}
+
 /* An allocator call's entry. Returns nothing: the call is made by the
  * interposer, inside alloc_depth. */
 static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
