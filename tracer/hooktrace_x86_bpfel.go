@@ -191,6 +191,7 @@ type hooktraceThreadState struct {
 	Nheld       uint32
 	RangePid    uint32
 	Unused      uint32
+	PidTgid     uint64
 	HeldLocks   [8]struct {
 		_     structs.HostLayout
 		Addr  uint64
@@ -269,19 +270,20 @@ type hooktraceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceMapSpecs struct {
-	AllocRanges *ebpf.MapSpec `ebpf:"alloc_ranges"`
-	Calls       *ebpf.MapSpec `ebpf:"calls"`
-	LockPages   *ebpf.MapSpec `ebpf:"lock_pages"`
-	Lost        *ebpf.MapSpec `ebpf:"lost"`
-	Ring        *ebpf.MapSpec `ebpf:"ring"`
-	SampleBuf   *ebpf.MapSpec `ebpf:"sample_buf"`
-	ScratchMap  *ebpf.MapSpec `ebpf:"scratch_map"`
-	SeenAcq     *ebpf.MapSpec `ebpf:"seen_acq"`
-	SeenSamples *ebpf.MapSpec `ebpf:"seen_samples"`
-	SeenStacks  *ebpf.MapSpec `ebpf:"seen_stacks"`
-	ShimTls     *ebpf.MapSpec `ebpf:"shim_tls"`
-	Threads     *ebpf.MapSpec `ebpf:"threads"`
-	Traced      *ebpf.MapSpec `ebpf:"traced"`
+	AllocRanges    *ebpf.MapSpec `ebpf:"alloc_ranges"`
+	Calls          *ebpf.MapSpec `ebpf:"calls"`
+	LockPages      *ebpf.MapSpec `ebpf:"lock_pages"`
+	Lost           *ebpf.MapSpec `ebpf:"lost"`
+	NoPrivateStack *ebpf.MapSpec `ebpf:"no_private_stack"`
+	Ring           *ebpf.MapSpec `ebpf:"ring"`
+	SampleBuf      *ebpf.MapSpec `ebpf:"sample_buf"`
+	ScratchMap     *ebpf.MapSpec `ebpf:"scratch_map"`
+	SeenAcq        *ebpf.MapSpec `ebpf:"seen_acq"`
+	SeenSamples    *ebpf.MapSpec `ebpf:"seen_samples"`
+	SeenStacks     *ebpf.MapSpec `ebpf:"seen_stacks"`
+	ShimTls        *ebpf.MapSpec `ebpf:"shim_tls"`
+	Threads        *ebpf.MapSpec `ebpf:"threads"`
+	Traced         *ebpf.MapSpec `ebpf:"traced"`
 }
 
 // hooktraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -327,19 +329,20 @@ func (o *hooktraceObjects) Close() error {
 //
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktraceMaps struct {
-	AllocRanges *ebpf.Map `ebpf:"alloc_ranges"`
-	Calls       *ebpf.Map `ebpf:"calls"`
-	LockPages   *ebpf.Map `ebpf:"lock_pages"`
-	Lost        *ebpf.Map `ebpf:"lost"`
-	Ring        *ebpf.Map `ebpf:"ring"`
-	SampleBuf   *ebpf.Map `ebpf:"sample_buf"`
-	ScratchMap  *ebpf.Map `ebpf:"scratch_map"`
-	SeenAcq     *ebpf.Map `ebpf:"seen_acq"`
-	SeenSamples *ebpf.Map `ebpf:"seen_samples"`
-	SeenStacks  *ebpf.Map `ebpf:"seen_stacks"`
-	ShimTls     *ebpf.Map `ebpf:"shim_tls"`
-	Threads     *ebpf.Map `ebpf:"threads"`
-	Traced      *ebpf.Map `ebpf:"traced"`
+	AllocRanges    *ebpf.Map `ebpf:"alloc_ranges"`
+	Calls          *ebpf.Map `ebpf:"calls"`
+	LockPages      *ebpf.Map `ebpf:"lock_pages"`
+	Lost           *ebpf.Map `ebpf:"lost"`
+	NoPrivateStack *ebpf.Map `ebpf:"no_private_stack"`
+	Ring           *ebpf.Map `ebpf:"ring"`
+	SampleBuf      *ebpf.Map `ebpf:"sample_buf"`
+	ScratchMap     *ebpf.Map `ebpf:"scratch_map"`
+	SeenAcq        *ebpf.Map `ebpf:"seen_acq"`
+	SeenSamples    *ebpf.Map `ebpf:"seen_samples"`
+	SeenStacks     *ebpf.Map `ebpf:"seen_stacks"`
+	ShimTls        *ebpf.Map `ebpf:"shim_tls"`
+	Threads        *ebpf.Map `ebpf:"threads"`
+	Traced         *ebpf.Map `ebpf:"traced"`
 }
 
 func (m *hooktraceMaps) Close() error {
@@ -348,6 +351,7 @@ func (m *hooktraceMaps) Close() error {
 		m.Calls,
 		m.LockPages,
 		m.Lost,
+		m.NoPrivateStack,
 		m.Ring,
 		m.SampleBuf,
 		m.ScratchMap,
