@@ -53,6 +53,30 @@ struct held_lock {
 	__u16 sent; /* its acquisition event was sent */
 };
 
+/* What a child of fork holds from its first instruction: the forking
+ * thread's held locks (fork copies them locked), by the child's TID, from
+ * sched_fork until the child's first probe hit takes them. */
+struct inherited_locks {
+	__u32 n;
+	__u32 pad;
+	struct held_lock locks[MAX_HELD];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct inherited_locks);
+} inherited SEC(".maps");
+
+/* inherited_locks is too large for the BPF stack: built here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct inherited_locks);
+} inherit_buf SEC(".maps");
+
 static __always_inline int is_traced(__u32 pid)
 {
 	__u8 *v = bpf_map_lookup_elem(&traced, &pid);
@@ -320,8 +344,23 @@ static __always_inline struct thread_state *thread_find(void)
  * helper call less on every probe hit. */
 static __always_inline __u64 thread_ids(struct thread_state *st)
 {
-	if (!st->pid_tgid)
+	if (!st->pid_tgid) {
+		/* The thread's first hit: a child of fork starts with what its
+		 * parent's thread held. */
 		st->pid_tgid = bpf_get_current_pid_tgid();
+		__u32 tid = (__u32)st->pid_tgid;
+		struct inherited_locks *in = bpf_map_lookup_elem(&inherited, &tid);
+		if (in) {
+			for (__u32 i = 0; i < MAX_HELD; i++) {
+				if (i >= in->n)
+					break;
+				st->held_locks[i] = in->locks[i];
+			}
+			st->nheld = in->n < MAX_HELD ? in->n : MAX_HELD;
+			st->held = st->nheld;
+			bpf_map_delete_elem(&inherited, &tid);
+		}
+	}
 	return st->pid_tgid;
 }
 
@@ -1305,6 +1344,37 @@ int sched_fork(struct bpf_raw_tracepoint_args *ctx)
 		e->flags |= F_PROCESS;
 	e->stack = take_stack(ctx, e->pid, 0, 0);
 	event_send(e);
+	/* A followed child of fork holds the locks the forking thread held
+	 * (its fork handlers' included): the analysis is told they are the
+	 * child's, and the child's state takes them at its first hit. A vfork
+	 * child borrows its parent's memory until it execs and records
+	 * nothing of its own, as under the preload recorder. */
+	if (!process || !follow_forks || BPF_CORE_READ(child, vfork_done))
+		return 0;
+	struct thread_state *st = thread_find();
+	if (!st || !st->nheld)
+		return 0;
+	__u32 zero = 0;
+	struct inherited_locks *in = bpf_map_lookup_elem(&inherit_buf, &zero);
+	if (!in)
+		return 0;
+	in->n = 0;
+	for (__u32 i = 0; i < MAX_HELD; i++) {
+		if (i >= st->nheld)
+			break;
+		struct held_lock h = st->held_locks[i];
+		event_init(e, h.op, ((__u64)ctgid << 32) | ctid);
+		e->addr = h.addr;
+		e->arg = lock_kind(h.op, h.addr);
+		e->stack = h.stack;
+		e->flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+		event_send(e);
+		h.sent = 1;
+		h.kind = e->arg;
+		in->locks[i] = h;
+		in->n = i + 1;
+	}
+	bpf_map_update_elem(&inherited, &ctid, in, BPF_ANY);
 	return 0;
 }
 
@@ -1321,6 +1391,9 @@ int sched_exit(struct bpf_raw_tracepoint_args *ctx)
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	e->ret = BPF_CORE_READ(task, exit_code);
 	event_send(e);
+	/* A child of fork that ends before its first hit. */
+	__u32 tid = (__u32)id;
+	bpf_map_delete_elem(&inherited, &tid);
 	/* The last thread is going: the PID may be reused by a process we must
 	 * not trace. */
 	if (BPF_CORE_READ(task, signal, live.counter) == 0) {
@@ -1347,11 +1420,17 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	/* A new image: the allocator is elsewhere now, and every lock is new. */
 	bpf_map_delete_elem(&alloc_ranges, &pid);
 	bpf_map_delete_elem(&shim_tls, &pid);
+	/* A new image holds no lock: not those a child of fork inherited and
+	 * had not taken up yet. */
+	__u32 tid = (__u32)id;
+	bpf_map_delete_elem(&inherited, &tid);
 	struct thread_state *st = thread_find();
 	if (st) {
 		st->range_pid = 0;
 		st->alloc_sp = 0;
 		st->pid_tgid = id;
+		st->nheld = 0;
+		st->held = 0;
 	}
 	__sync_fetch_and_add(&lock_epoch, 1);
 	if (!tracing_on)

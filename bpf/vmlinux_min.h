@@ -53,6 +53,7 @@ struct task_struct {
 	int tgid;
 	struct signal_struct *signal;
 	struct thread_struct thread;
+	void *vfork_done; /* set for a vfork child until it execs or exits */
 } __attribute__((preserve_access_index));
 
 #endif

@@ -62,6 +62,31 @@ type procState struct {
 	threads map[uint32]bool
 	// mapsDirty: memory was mapped or unmapped since the maps were read.
 	mapsDirty bool
+	// parent: the process this one was forked from. A child's first
+	// records name stacks its parent sent: those of the locks its thread
+	// holds from the fork.
+	parent *procState
+}
+
+// stackID is the stack a kernel hash names, sent by this process or by a
+// process it was forked from; 0 when none was.
+func (p *procState) stackID(hash uint64) uint32 {
+	for q := p; q != nil; q = q.parent {
+		if id, ok := q.stacks[hash]; ok {
+			return id
+		}
+	}
+	return 0
+}
+
+// sample is the raw stack sample an id names, as stackID finds stacks.
+func (p *procState) sample(id uint64) (sampleInfo, bool) {
+	for q := p; q != nil; q = q.parent {
+		if s, ok := q.samples.get(id); ok {
+			return s, true
+		}
+	}
+	return sampleInfo{}, false
 }
 
 // mapsFor returns the process's mappings, read again when memory was
@@ -194,7 +219,7 @@ func (c *Converter) child(pid uint32, parent *procState, alloc *AllocRange) bool
 	}
 	// From its parent's mappings: a short-lived child may be gone before
 	// its maps are read.
-	c.start(pid, parent.sym.Fork(int(pid)))
+	c.start(pid, parent.sym.Fork(int(pid))).parent = parent
 	c.allocs[pid] = alloc
 	return true
 }
@@ -296,14 +321,14 @@ func (c *Converter) event(r *hooktraceEvent) error {
 	flags, addr2 := events.Flags(r.Flags), r.Addr2
 	var stack uint32
 	if r.Stack>>63 != 0 {
-		s, ok := p.samples.get(r.Stack)
+		s, ok := p.sample(r.Stack)
 		stack = s.stack
 		if ok && s.notInAlloc {
 			flags &^= events.FlagInAlloc
 			addr2 = 0
 		}
 	} else {
-		stack = p.stacks[r.Stack]
+		stack = p.stackID(r.Stack)
 	}
 	c.events.Add(1)
 	c.rec = events.Record{Kind: events.RecEvent, Event: events.Event{

@@ -3,7 +3,11 @@
  * release it, and a worker thread locks fh_work meanwhile. The child takes
  * fh_x and fh_y in both orders (a cycle only a tracer that follows forks
  * sees) and exits. The child's handler runs in the child before fork
- * returns: it is the child's call, not the parent's. */
+ * returns: it is the child's call, not the parent's. The child's thread
+ * holds fh_guard from the fork (fork copies it locked), so the child's
+ * handler takes fh_x inside it, and the child later takes them the other
+ * way round: a second cycle, seen only by a tracer that knows what a
+ * child holds when it starts. */
 #include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +25,13 @@ static void prepare(void)
 
 static void release(void)
 {
+	pthread_mutex_unlock(&fh_guard);
+}
+
+static void child_release(void)
+{
+	pthread_mutex_lock(&fh_x);
+	pthread_mutex_unlock(&fh_x);
 	pthread_mutex_unlock(&fh_guard);
 }
 
@@ -44,11 +55,15 @@ __attribute__((noinline)) static void child_orders(void)
 	pthread_mutex_lock(&fh_x);
 	pthread_mutex_unlock(&fh_x);
 	pthread_mutex_unlock(&fh_y);
+	pthread_mutex_lock(&fh_x);
+	pthread_mutex_lock(&fh_guard);
+	pthread_mutex_unlock(&fh_guard);
+	pthread_mutex_unlock(&fh_x);
 }
 
 int main(void)
 {
-	pthread_atfork(prepare, release, release);
+	pthread_atfork(prepare, release, child_release);
 	pthread_t th;
 	pthread_create(&th, NULL, work, NULL);
 	pid_t pid = fork();

@@ -72,6 +72,21 @@ const (
 	hooktraceGlibcLayoutGLIBC_RWLOCKATTR_KIND_OFFSET hooktraceGlibcLayout = 0
 )
 
+type hooktraceInheritedLocks struct {
+	_     structs.HostLayout
+	N     uint32
+	Pad   uint32
+	Locks [8]struct {
+		_     structs.HostLayout
+		Addr  uint64
+		Stack uint64
+		Time  uint64
+		Kind  uint32
+		Op    uint16
+		Sent  uint16
+	}
+}
+
 type hooktraceLimits uint32
 
 const (
@@ -272,6 +287,8 @@ type hooktraceProgramSpecs struct {
 type hooktraceMapSpecs struct {
 	AllocRanges    *ebpf.MapSpec `ebpf:"alloc_ranges"`
 	Calls          *ebpf.MapSpec `ebpf:"calls"`
+	InheritBuf     *ebpf.MapSpec `ebpf:"inherit_buf"`
+	Inherited      *ebpf.MapSpec `ebpf:"inherited"`
 	LockPages      *ebpf.MapSpec `ebpf:"lock_pages"`
 	Lost           *ebpf.MapSpec `ebpf:"lost"`
 	NoPrivateStack *ebpf.MapSpec `ebpf:"no_private_stack"`
@@ -331,6 +348,8 @@ func (o *hooktraceObjects) Close() error {
 type hooktraceMaps struct {
 	AllocRanges    *ebpf.Map `ebpf:"alloc_ranges"`
 	Calls          *ebpf.Map `ebpf:"calls"`
+	InheritBuf     *ebpf.Map `ebpf:"inherit_buf"`
+	Inherited      *ebpf.Map `ebpf:"inherited"`
 	LockPages      *ebpf.Map `ebpf:"lock_pages"`
 	Lost           *ebpf.Map `ebpf:"lost"`
 	NoPrivateStack *ebpf.Map `ebpf:"no_private_stack"`
@@ -349,6 +368,8 @@ func (m *hooktraceMaps) Close() error {
 	return _HooktraceClose(
 		m.AllocRanges,
 		m.Calls,
+		m.InheritBuf,
+		m.Inherited,
 		m.LockPages,
 		m.Lost,
 		m.NoPrivateStack,

@@ -168,8 +168,16 @@ static void process_created(struct tstate *t, pid_t child, __u64 fn, __u64 *fram
 /* In a child of fork: state starts afresh (the thread's held set and
  * counter slot were its parent's, and the threads that were writing are
  * not in the child), and without follow-forks the child records nothing. */
+static void inherit_held(struct tstate *t, const struct held_lock *from, __u32 n);
+
 static void after_fork_child(void)
 {
+	/* The forking thread's held locks, its fork handlers' included: fork
+	 * copies them locked, so the child's thread holds them. */
+	struct held_lock held[MAX_HELD];
+	__u32 nheld = ts.inited ? ts.nheld : 0;
+	for (__u32 i = 0; i < nheld && i < MAX_HELD; i++)
+		held[i] = ts.held_locks[i];
 	forking = 0;
 	my_pid = getpid();
 	active = shm && (cfg_flags & SHM_F_FOLLOW);
@@ -188,11 +196,30 @@ static void after_fork_child(void)
 		ts.guard = 1;
 		thread_init(&ts);
 		process_created_from(&ts, fork_from.pid, fork_from.tid, (pid_t)my_pid, fork_from.stack);
+		inherit_held(&ts, held, nheld);
 		ts.guard = 0;
 		errno = saved;
 	}
 	if (active)
 		announce_shared();
+}
+
+/* The child's thread takes up the locks it holds from its first
+ * instruction, as the BPF side's sched_fork tells them: one acquisition
+ * each, with the stack of the parent's. */
+static void inherit_held(struct tstate *t, const struct held_lock *from, __u32 n)
+{
+	for (__u32 i = 0; i < n && i < MAX_HELD; i++) {
+		struct event e;
+		event_init(&e, t, from[i].op);
+		e.addr = from[i].addr;
+		e.arg = mutex_kind(from[i].op, from[i].addr);
+		e.stack = from[i].stack;
+		e.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+		event_send(&e);
+		held_push(t, from[i].addr, from[i].op, e.arg, from[i].stack, e.time, 1);
+		t->held++;
+	}
 }
 
 #define FORK(field)                                                            \
