@@ -225,7 +225,9 @@ func TestPreloadCondWaitCancelled(t *testing.T) {
 // while three threads lock and allocate without end; in full mode every
 // call is a record, so the end comes in the middle of some. What was
 // recorded all arrives, and the report is complete. Three runs each: the
-// end's moment is the scheduler's.
+// end's moment is the scheduler's. An exit or _exit ends four threads, and
+// both recorders count four exits (the kernel reports each; the preload
+// recorder's ending thread records the others').
 func TestPreloadProcessEndsWithThreads(t *testing.T) {
 	prog, inversion := testenv.Program(t, "exitrace"), testenv.Program(t, "inversion")
 	for _, end := range [][]string{{"exit"}, {"_exit"}, {"exec", inversion}} {
@@ -242,12 +244,16 @@ func TestPreloadProcessEndsWithThreads(t *testing.T) {
 					t.Errorf("calls %v, %d events, cycles %q: want 6000 locks and as many events at least, cycles %q",
 						calls, p.rep.Stats.Events, p.cycles, cycles)
 				}
+				if n := p.rep.Stats.Calls["thread_exit"]; end[0] != "exec" && n != 4 {
+					t.Errorf("%d thread exits, want 4", n)
+				}
 			}
 			t.Run("ebpf", func(t *testing.T) {
 				testenv.RequireBPF(t)
 				e := traceProc(t, "ebpf", []string{"--mode", "full"}, prog, end...)
-				if !slices.Equal(e.cycles, cycles) || e.rep.Stats.Calls["pthread_mutex_lock"] < 6000 {
-					t.Errorf("ebpf: calls %v, cycles %q", e.rep.Stats.Calls, e.cycles)
+				if !slices.Equal(e.cycles, cycles) || e.rep.Stats.Calls["pthread_mutex_lock"] < 6000 ||
+					(end[0] != "exec" && e.rep.Stats.Calls["thread_exit"] != 4) {
+					t.Errorf("ebpf: calls %v, cycles %q; want 4 thread exits", e.rep.Stats.Calls, e.cycles)
 				}
 			})
 		})

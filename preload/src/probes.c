@@ -332,5 +332,7 @@ __attribute__((destructor)) static void shim_fini(void)
 		return;
 	thread_exit_event(t, 0);
 	end_writes(t);
+	if (!vf.child)
+		others_ended(t);
 	leave(t);
 }

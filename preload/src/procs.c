@@ -26,16 +26,52 @@ static struct start *start_get(void)
 	return NULL;
 }
 
+/* The live-thread mark of t's slot, or NULL for a thread on the shared
+ * counter (past SHM_SLOTS threads). */
+static __u32 *live_mark(struct tstate *t)
+{
+	if (!t->writing)
+		return NULL;
+	return &writing[((char *)t->writing - (char *)writing) / sizeof(writing[0])].live_tid;
+}
+
 static void thread_exit_event(struct tstate *t, __s64 ret)
 {
 	if (t->exited)
 		return;
 	t->exited = 1;
+	/* Once only: the process's end may have recorded it. */
+	__u32 *mark = live_mark(t);
+	if (mark && !__atomic_exchange_n(mark, 0, __ATOMIC_ACQ_REL))
+		return;
 	count_call(t, OP_THREAD_EXIT);
 	struct event e;
 	event_init(&e, t, OP_THREAD_EXIT);
 	e.ret = ret;
 	event_send(&e);
+}
+
+/* exit and _exit end the other threads where they are: their exits are
+ * recorded by the ending thread, after their records under way
+ * (end_writes). An exec ends them too, but may fail and leave them
+ * running: there the kernel's view alone has their exits. */
+static void others_ended(struct tstate *self)
+{
+	__u32 n = __atomic_load_n(H32(SHM_OFF_NEXT_SLOT), __ATOMIC_RELAXED);
+	if (n > SHM_SLOTS)
+		n = SHM_SLOTS;
+	for (__u32 i = 0; i < n; i++) {
+		if (&writing[i].v == self->writing || !__atomic_load_n(&writing[i].live_tid, __ATOMIC_RELAXED))
+			continue;
+		__u32 tid = __atomic_exchange_n(&writing[i].live_tid, 0, __ATOMIC_ACQ_REL);
+		if (!tid)
+			continue;
+		count_call(self, OP_THREAD_EXIT);
+		struct event e;
+		event_init(&e, self, OP_THREAD_EXIT);
+		e.tid = tid;
+		event_send(&e);
+	}
 }
 
 /* A thread that ends by cancellation (or pthread_exit) unwinds through
@@ -126,6 +162,7 @@ static void process_end(void)
 	if (t) {
 		thread_exit_event(t, 0);
 		end_writes(t);
+		others_ended(t);
 		leave(t);
 	}
 }
@@ -185,9 +222,12 @@ static void after_fork_child(void)
 	ts.guard = 0;
 	/* Only the flags that are set are written: the others stay shared
 	 * with the parent, copied by no write. */
-	for (__u32 i = 0; i < SHM_SLOTS; i++)
+	for (__u32 i = 0; i < SHM_SLOTS; i++) {
 		if (writing[i].v)
 			writing[i].v = 0;
+		if (writing[i].live_tid)
+			writing[i].live_tid = 0;
+	}
 	writing_shared = 0;
 	closing_tid = 0;
 	reader_stalled = 0;

@@ -24,6 +24,7 @@ static void thread_init(struct tstate *t)
 	if (slot < SHM_SLOTS) {
 		t->calls = H64(SHM_OFF_SLOTS) + (__u64)slot * SHM_SLOT_OPS;
 		t->writing = &writing[slot].v;
+		__atomic_store_n(&writing[slot].live_tid, t->shared.tid, __ATOMIC_RELAXED);
 	}
 	if (t->shared.tid == my_pid)
 		t->stack_hi = (__u64)__libc_stack_end;

@@ -52,7 +52,11 @@ static char shm_env_entry[64];
  * counter. */
 static struct {
 	__u32 v;
-	char pad[60];
+	/* The TID of the live thread that has the slot, 0 once its exit is
+	 * recorded: the end of the process records the exits of the threads
+	 * it ends, as the kernel's sched_process_exit reports each. */
+	__u32 live_tid;
+	char pad[56];
 } writing[SHM_SLOTS] __attribute__((aligned(64)));
 static __u32 writing_shared;
 static __u32 closing_tid;
