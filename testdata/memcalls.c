@@ -1,7 +1,8 @@
 /* Calls libc's memory wrappers directly, through the PLT, a known number
  * of times: 5 each of mmap, madvise, mremap and munmap, and one sbrk(0).
  * With a library's path as argument it then loads it with dlopen and
- * calls its plugin_step 3 times. */
+ * calls its plugin_step 3 times; with "reload" after it, it unloads the
+ * library, loads it again and calls plugin_step 3 times more. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -24,12 +25,9 @@ __attribute__((noinline)) void map_and_release(void)
 	keep = sbrk(0);
 }
 
-int main(int argc, char **argv)
+static int run_plugin(const char *path, void **handle)
 {
-	map_and_release();
-	if (argc < 2)
-		return 0;
-	void *h = dlopen(argv[1], RTLD_NOW);
+	void *h = dlopen(path, RTLD_NOW);
 	if (!h) {
 		fprintf(stderr, "%s\n", dlerror());
 		return 1;
@@ -37,5 +35,21 @@ int main(int argc, char **argv)
 	void (*step)(int) = (void (*)(int))dlsym(h, "plugin_step");
 	for (int i = 0; i < 3; i++)
 		step(i);
+	*handle = h;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	map_and_release();
+	if (argc < 2)
+		return 0;
+	void *h;
+	if (run_plugin(argv[1], &h))
+		return 1;
+	if (argc > 2) {
+		dlclose(h);
+		return run_plugin(argv[1], &h);
+	}
 	return 0;
 }

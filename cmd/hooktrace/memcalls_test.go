@@ -91,8 +91,9 @@ func TestAutoMemoryCallsCountedOnce(t *testing.T) {
 
 // TestPreloadProbeInDlopenedLibrary: --probe names a function of a
 // library the program loads later with dlopen, by its path. The preload
-// recorder arms it when the library is loaded, and every call fires, also
-// as an ordinary user. Loaded by name, the library is found through the
+// recorder arms it when the library is loaded, and again when it is
+// loaded after a dlclose unmapped it, and every call fires, also as an
+// ordinary user. Loaded by name, the library is found through the
 // program's own RUNPATH, as untraced: the shim's dlopen hands glibc the
 // program's return address, from which glibc takes the caller's search
 // path (an interposer that called dlopen itself would make the shim the
@@ -101,15 +102,19 @@ func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
 	lib := testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "plugin.c"), Name: "libplugin.so",
 		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
 	for _, c := range []struct {
-		name, prog, arg string
+		name, prog string
+		args       []string
+		steps      uint64
 	}{
-		{"by path", testenv.Program(t, "memcalls"), lib},
-		{"by name", testenv.Program(t, "memcalls", "-Wl,-rpath,"+filepath.Dir(lib), "-Wl,--enable-new-dtags"), "libplugin.so"},
+		{"by path", testenv.Program(t, "memcalls"), []string{lib}, 3},
+		{"by name", testenv.Program(t, "memcalls", "-Wl,-rpath,"+filepath.Dir(lib), "-Wl,--enable-new-dtags"), []string{"libplugin.so"}, 3},
+		{"reloaded", testenv.Program(t, "memcalls"), []string{lib, "reload"}, 6},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			report, read := nobodyReport(t)
-			cmd := asNobody(t, c.prog, hooktraceBin, "run", "--recorder", "preload", "--report", "json:"+report,
-				"--probe", "plugin_step@"+lib, "--fail-on", "none", "--", c.prog, c.arg)
+			argv := append([]string{hooktraceBin, "run", "--recorder", "preload", "--report", "json:" + report,
+				"--probe", "plugin_step@" + lib, "--fail-on", "none", "--", c.prog}, c.args...)
+			cmd := asNobody(t, c.prog, argv...)
 			cmd.Stderr = os.Stderr
 			if err := cmd.Run(); err != nil {
 				t.Fatalf("hooktrace as nobody: %v", err)
@@ -118,8 +123,8 @@ func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
 			if rep.Stats.ExitStatus == nil || *rep.Stats.ExitStatus != 0 {
 				t.Fatalf("the program exited with %v: it did not load its library", rep.Stats.ExitStatus)
 			}
-			if rep.Stats.Calls["probe_enter"] != 3 || rep.Stats.Calls["probe_exit"] != 3 {
-				t.Errorf("calls %v: want 3 probe_enter and 3 probe_exit", rep.Stats.Calls)
+			if rep.Stats.Calls["probe_enter"] != c.steps || rep.Stats.Calls["probe_exit"] != c.steps {
+				t.Errorf("calls %v: want %d probe_enter and probe_exit", rep.Stats.Calls, c.steps)
 			}
 			// The library's own lock calls are seen too, and the
 			// program's memory calls still are.

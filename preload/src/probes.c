@@ -161,7 +161,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
 	__u64 at = (__u64)uc->uc_mcontext.gregs[REG_RIP] - 1;
 	int armed = __atomic_load_n(&nprobes, __ATOMIC_ACQUIRE);
 	for (int i = 0; i < armed; i++) {
-		if (probes[i].addr != at)
+		if (__atomic_load_n(&probes[i].addr, __ATOMIC_ACQUIRE) != at)
 			continue;
 		int saved = errno;
 		struct tstate *t = enter();
@@ -224,10 +224,46 @@ static int find_object(struct dl_phdr_info *info, size_t size, void *data)
 
 /* Arms the table's probes in the objects loaded so far: in the
  * constructor (before main, before any thread but this one runs), then
- * after each dlopen for a library loaded later. A function whose live
- * first bytes are not the file's (a runtime patched it) is left alone. */
-static __u8 probe_done[SHM_PROBES]; /* armed, or refused for good */
+ * after each dlopen for a library loaded later, or loaded again after a
+ * dlclose unmapped it (the new mapping has the file's bytes, not the
+ * int3). A function whose live first bytes are not the file's (a runtime
+ * patched it) is left alone. */
+static int probe_entry[SHM_PROBES]; /* table entry i's slot in probes[] + 1, 0 if none yet */
 static int trap_installed;
+
+/* A displaced copy of the probed instruction at addr, followed by a jump
+ * back after it, or NULL. It goes within 2 GiB of the function, so a
+ * rip-relative operand can still reach its target. */
+static __u8 *displace(const struct shm_probe *sp, __u64 addr, long page)
+{
+	__u8 *tramp = MAP_FAILED;
+	for (__u64 k = 1; k <= 512 && tramp == MAP_FAILED; k++) {
+		__u64 hint = (addr & ~(__u64)(page - 1)) - k * (1ULL << 20);
+		tramp = mmap((void *)hint, (size_t)page, PROT_READ | PROT_WRITE,
+			     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	}
+	if (tramp == MAP_FAILED)
+		return NULL;
+	memcpy(tramp, sp->insn, sp->len);
+	if (sp->disp_at) {
+		__s32 disp;
+		memcpy(&disp, tramp + sp->disp_at, 4);
+		__s64 moved = (__s64)disp + (__s64)addr - (__s64)(__u64)tramp;
+		if (moved != (__s32)moved) {
+			munmap(tramp, (size_t)page);
+			return NULL;
+		}
+		disp = (__s32)moved;
+		memcpy(tramp + sp->disp_at, &disp, 4);
+	}
+	/* Then jmp *0(%rip) back to the next instruction. */
+	__u8 *j = tramp + sp->len;
+	j[0] = 0xff, j[1] = 0x25, j[2] = j[3] = j[4] = j[5] = 0;
+	__u64 back = addr + sp->len;
+	memcpy(j + 6, &back, 8);
+	mprotect(tramp, (size_t)page, PROT_READ | PROT_EXEC);
+	return tramp;
+}
 
 static void arm_probes(void)
 {
@@ -235,51 +271,40 @@ static void arm_probes(void)
 	if (n == 0 || n > SHM_PROBES)
 		return;
 	long page = sysconf(_SC_PAGESIZE);
-	int first = nprobes;
+	__u64 arm[SHM_PROBES];
+	int narm = 0;
 	for (__u32 i = 0; i < n; i++) {
-		if (probe_done[i])
-			continue;
 		const struct shm_probe *sp = (const struct shm_probe *)(shm + SHM_OFF_PROBES + i * SHM_PROBE_BYTES);
 		struct probe_search ps = {sp, 0};
 		dl_iterate_phdr(find_object, &ps);
 		if (!ps.addr)
-			continue; /* not loaded (yet) */
-		probe_done[i] = 1;
+			continue; /* not loaded (yet, or any more) */
+		struct probe *old = probe_entry[i] ? &probes[probe_entry[i] - 1] : NULL;
+		if (old && old->addr == ps.addr && *(volatile __u8 *)ps.addr == 0xcc)
+			continue; /* armed, and still mapped */
 		if (sp->len == 0 || sp->len > 15 || memcmp((void *)ps.addr, sp->insn, sp->len) != 0)
 			continue;
-		/* The displaced copy goes within 2 GiB of the function, so a
-		 * rip-relative operand can still reach its target. */
-		__u8 *tramp = MAP_FAILED;
-		for (__u64 k = 1; k <= 512 && tramp == MAP_FAILED; k++) {
-			__u64 hint = (ps.addr & ~(__u64)(page - 1)) - k * (1ULL << 20);
-			tramp = mmap((void *)hint, (size_t)page, PROT_READ | PROT_WRITE,
-				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-		}
-		if (tramp == MAP_FAILED)
+		if (old && old->addr == ps.addr) {
+			/* Loaded again where it was: its displaced copy still
+			 * fits, only the int3 is new. */
+			arm[narm++] = ps.addr;
 			continue;
-		memcpy(tramp, sp->insn, sp->len);
-		if (sp->disp_at) {
-			__s32 disp;
-			memcpy(&disp, tramp + sp->disp_at, 4);
-			__s64 moved = (__s64)disp + (__s64)ps.addr - (__s64)(__u64)tramp;
-			if (moved != (__s32)moved) {
-				munmap(tramp, (size_t)page);
-				continue;
-			}
-			disp = (__s32)moved;
-			memcpy(tramp + sp->disp_at, &disp, 4);
 		}
-		/* Then jmp *0(%rip) back to the next instruction. */
-		__u8 *j = tramp + sp->len;
-		j[0] = 0xff, j[1] = 0x25, j[2] = j[3] = j[4] = j[5] = 0;
-		__u64 back = ps.addr + sp->len;
-		memcpy(j + 6, &back, 8);
-		mprotect(tramp, (size_t)page, PROT_READ | PROT_EXEC);
+		if (nprobes >= SHM_PROBES)
+			continue;
+		__u8 *tramp = displace(sp, ps.addr, page);
+		if (!tramp)
+			continue;
 		probes[nprobes] = (struct probe){ps.addr, tramp, sp->index};
 		/* Published whole: other threads may be trapping already. */
 		__atomic_store_n(&nprobes, nprobes + 1, __ATOMIC_RELEASE);
+		/* The old entry's code is gone: nothing traps there for it. */
+		if (old)
+			__atomic_store_n(&old->addr, 0, __ATOMIC_RELEASE);
+		probe_entry[i] = nprobes;
+		arm[narm++] = ps.addr;
 	}
-	if (nprobes == first)
+	if (narm == 0)
 		return;
 	if (!trap_installed) {
 		struct sigaction sa;
@@ -293,11 +318,11 @@ static void arm_probes(void)
 	/* One byte, written whole: a thread already running the function
 	 * (a library's constructor started it) sees the old byte or the
 	 * int3, either of which runs right. */
-	for (int i = first; i < nprobes; i++) {
-		__u64 pg = probes[i].addr & ~(__u64)(page - 1);
+	for (int i = 0; i < narm; i++) {
+		__u64 pg = arm[i] & ~(__u64)(page - 1);
 		if (mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE | PROT_EXEC) != 0)
 			continue;
-		*(volatile __u8 *)probes[i].addr = 0xcc;
+		*(volatile __u8 *)arm[i] = 0xcc;
 		mprotect((void *)pg, (size_t)page, PROT_READ | PROT_EXEC);
 	}
 }
