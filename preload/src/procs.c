@@ -35,6 +35,18 @@ static __u32 *live_mark(struct tstate *t)
 	return &writing[((char *)t->writing - (char *)writing) / sizeof(writing[0])].live_tid;
 }
 
+/* Records thread tid's exit, written by t (tid itself, or the thread
+ * that ends the process). */
+static void send_thread_exit(struct tstate *t, __u32 tid, __s64 ret)
+{
+	count_call(t, OP_THREAD_EXIT);
+	struct event e;
+	event_init(&e, t, OP_THREAD_EXIT);
+	e.tid = tid;
+	e.ret = ret;
+	event_send(&e);
+}
+
 static void thread_exit_event(struct tstate *t, __s64 ret)
 {
 	if (t->exited)
@@ -44,11 +56,7 @@ static void thread_exit_event(struct tstate *t, __s64 ret)
 	__u32 *mark = live_mark(t);
 	if (mark && !__atomic_exchange_n(mark, 0, __ATOMIC_ACQ_REL))
 		return;
-	count_call(t, OP_THREAD_EXIT);
-	struct event e;
-	event_init(&e, t, OP_THREAD_EXIT);
-	e.ret = ret;
-	event_send(&e);
+	send_thread_exit(t, t->shared.tid, ret);
 }
 
 /* exit and _exit end the other threads where they are: their exits are
@@ -64,13 +72,8 @@ static void others_ended(struct tstate *self)
 		if (&writing[i].v == self->writing || !__atomic_load_n(&writing[i].live_tid, __ATOMIC_RELAXED))
 			continue;
 		__u32 tid = __atomic_exchange_n(&writing[i].live_tid, 0, __ATOMIC_ACQ_REL);
-		if (!tid)
-			continue;
-		count_call(self, OP_THREAD_EXIT);
-		struct event e;
-		event_init(&e, self, OP_THREAD_EXIT);
-		e.tid = tid;
-		event_send(&e);
+		if (tid)
+			send_thread_exit(self, tid, 0);
 	}
 }
 
