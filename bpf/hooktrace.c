@@ -1158,6 +1158,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 	__s64 ret = PT_REGS_RC(ctx);
 
 	if (op == OP_PROBE_EXIT) {
+		count_call(op);
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->flags |= F_RETURN;

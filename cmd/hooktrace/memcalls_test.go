@@ -93,7 +93,7 @@ func TestAutoMemoryCallsCountedOnce(t *testing.T) {
 // library the program loads later with dlopen, by its path. The preload
 // recorder arms it when the library is loaded, and again when it is
 // loaded after a dlclose unmapped it, and every call fires, also as an
-// ordinary user. Loaded by name, the library is found through the
+// ordinary user; eBPF counts the same entries and exits. Loaded by name, the library is found through the
 // program's own RUNPATH, as untraced: the shim's dlopen hands glibc the
 // program's return address, from which glibc takes the caller's search
 // path (an interposer that called dlopen itself would make the shim the
@@ -131,6 +131,19 @@ func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
 			if rep.Stats.Calls["pthread_mutex_lock"] < 3 || rep.Stats.Calls["madvise"] != 5 {
 				t.Errorf("calls %v: want the plugin's 3 locks and the program's 5 madvise calls", rep.Stats.Calls)
 			}
+			// The uprobes are on the file: they hold in every mapping
+			// of it, and count each exit too.
+			t.Run("ebpf", func(t *testing.T) {
+				testenv.RequireBPF(t)
+				report, _, stderr, code := runJSON(t, append([]string{"--recorder", "ebpf", "--probe", "plugin_step@" + lib,
+					"--fail-on", "none", "--", c.prog}, c.args...)...)
+				if code != 0 {
+					t.Fatalf("exit %d\n%s", code, stderr)
+				}
+				if calls := parseReport(t, report).Stats.Calls; calls["probe_enter"] != c.steps || calls["probe_exit"] != c.steps {
+					t.Errorf("calls %v: want %d probe_enter and probe_exit", calls, c.steps)
+				}
+			})
 		})
 	}
 }
