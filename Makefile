@@ -32,6 +32,7 @@ lint:
 	GOOS=darwin $(GO) build -o /dev/null ./cmd/hooktrace
 	GOOS=darwin $(GO) build ./events ./analyzer ./reports
 	GOARCH=arm64 $(GO) build ./...
+	GOARCH=arm64 $(GO) vet ./...
 
 # The test command (README, .ci/run): every test, under the race detector
 # (the tracer's reader, gate and status line share state). eBPF tests need
