@@ -1347,10 +1347,10 @@ int sched_fork(struct bpf_raw_tracepoint_args *ctx)
 	event_send(e);
 	/* A followed child of fork holds the locks the forking thread held
 	 * (its fork handlers' included): the analysis is told they are the
-	 * child's, and the child's state takes them at its first hit. A vfork
-	 * child borrows its parent's memory until it execs and records
-	 * nothing of its own, as under the preload recorder. */
-	if (!process || !follow_forks || BPF_CORE_READ(child, vfork_done))
+	 * child's, and the child's state takes them at its first hit. A child
+	 * that shares its parent's memory (vfork, posix_spawn, clone with
+	 * CLONE_VM) shares the locks too and holds none of them. */
+	if (!process || !follow_forks || BPF_CORE_READ(child, mm) == BPF_CORE_READ(parent, mm))
 		return 0;
 	struct thread_state *st = thread_find();
 	if (!st || !st->nheld)

@@ -53,7 +53,7 @@ struct task_struct {
 	int tgid;
 	struct signal_struct *signal;
 	struct thread_struct thread;
-	void *vfork_done; /* set for a vfork child until it execs or exits */
+	void *mm; /* a child that shares it shares its parent's memory */
 } __attribute__((preserve_access_index));
 
 #endif
