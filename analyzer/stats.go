@@ -37,18 +37,21 @@ type Stats struct {
 
 // TraceStats describes one stream.
 type TraceStats struct {
-	Source     string   `json:"source,omitempty"`
-	PID        uint32   `json:"pid,omitempty"`
-	Command    []string `json:"command,omitempty"`
-	Allocator  string   `json:"allocator"`
-	Recorder   string   `json:"recorder,omitempty"` // "ebpf" or "preload"; empty in older traces
-	Events     uint64   `json:"events"`
-	LostEvents uint64   `json:"lost_events"`
-	Complete   bool     `json:"complete"`
-	Incomplete string   `json:"incomplete,omitempty"`
-	ExitStatus *int     `json:"exit_status,omitempty"`
-	ExitSignal string   `json:"exit_signal,omitempty"`
-	Reason     string   `json:"reason,omitempty"` // why tracing stopped
+	Source    string   `json:"source,omitempty"`
+	PID       uint32   `json:"pid,omitempty"`
+	Command   []string `json:"command,omitempty"`
+	Allocator string   `json:"allocator"`
+	Recorder  string   `json:"recorder,omitempty"` // "ebpf" or "preload"; empty in older traces
+	// ProbeTime is the BPF programs' own time, when the kernel counted it
+	// (see events.Footer).
+	ProbeTime  map[string]events.ProgramTime `json:"probe_time,omitempty"`
+	Events     uint64                        `json:"events"`
+	LostEvents uint64                        `json:"lost_events"`
+	Complete   bool                          `json:"complete"`
+	Incomplete string                        `json:"incomplete,omitempty"`
+	ExitStatus *int                          `json:"exit_status,omitempty"`
+	ExitSignal string                        `json:"exit_signal,omitempty"`
+	Reason     string                        `json:"reason,omitempty"` // why tracing stopped
 }
 
 func (a *Analyzer) stats(n *naming) Stats {
@@ -127,6 +130,7 @@ func (s *stream) stats() TraceStats {
 		ts.ExitStatus = f.ExitStatus
 		ts.ExitSignal = f.ExitSignal
 		ts.Reason = f.Reason
+		ts.ProbeTime = f.ProbeTime
 	}
 	if ts.LostEvents > 0 {
 		why = append(why, itoa(ts.LostEvents)+" events lost")

@@ -165,6 +165,23 @@ type Result struct {
 	Lost   uint64
 	// Complete is the report's verdict (hooktrace only).
 	Complete bool
+	// Probe is the entry probes' BPF program's runs and time (hooktrace's
+	// uprobe_hook, the floor's counter) when the kernel counted them.
+	Probe ProbeTime
+}
+
+// ProbeTime is a BPF program's runs and their time.
+type ProbeTime struct {
+	Runs uint64
+	Time time.Duration
+}
+
+// PerRun is the time a run, 0 when none was counted.
+func (p ProbeTime) PerRun() time.Duration {
+	if p.Runs == 0 {
+		return 0
+	}
+	return p.Time / time.Duration(p.Runs)
 }
 
 // Runner runs the workload under the configurations.
@@ -238,15 +255,16 @@ func (r *Runner) Run(cfg Config, round int, args []string) (Result, error) {
 		if err := cmd.Run(); err != nil {
 			return res, fmt.Errorf("hooktrace %s: %w\n%s", strings.Join(run, " "), err, tail(stderr.String()))
 		}
-		if res.Traced, res.Lost, res.Complete, err = readReport(report); err != nil {
+		if res.Traced, res.Lost, res.Complete, res.Probe, err = readReport(report); err != nil {
 			return res, err
 		}
 	case Floor:
-		hits, err := runFloor(argv, cfg.AtEntry, r.Warn)
+		hits, probe, err := runFloor(argv, cfg.AtEntry, r.Warn)
 		if err != nil {
 			return res, err
 		}
 		res.Traced = Counts{"hits": hits}
+		res.Probe = probe
 	}
 	b, err := os.ReadFile(ownFile)
 	if err != nil {
@@ -270,26 +288,38 @@ func tail(s string) string {
 }
 
 // readReport takes the counts and losses out of a JSON report.
-func readReport(path string) (Counts, uint64, bool, error) {
+func readReport(path string) (Counts, uint64, bool, ProbeTime, error) {
+	var probe ProbeTime
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("reading hooktrace's report: %w", err)
+		return nil, 0, false, probe, fmt.Errorf("reading hooktrace's report: %w", err)
 	}
 	var doc struct {
 		Stats struct {
 			LostEvents *uint64 `json:"lost_events"`
 			Complete   *bool   `json:"complete"`
 			Calls      Counts  `json:"calls"`
+			Traces     []struct {
+				ProbeTime map[string]struct {
+					Runs uint64 `json:"runs"`
+					NS   uint64 `json:"ns"`
+				} `json:"probe_time"`
+			} `json:"traces"`
 		} `json:"stats"`
 	}
 	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, 0, false, fmt.Errorf("reading hooktrace's report %s: %w", path, err)
+		return nil, 0, false, probe, fmt.Errorf("reading hooktrace's report %s: %w", path, err)
 	}
 	st := doc.Stats
 	if st.LostEvents == nil || st.Complete == nil || st.Calls == nil {
-		return nil, 0, false, errors.New("reading hooktrace's report: no stats.calls, lost_events or complete")
+		return nil, 0, false, probe, errors.New("reading hooktrace's report: no stats.calls, lost_events or complete")
 	}
-	return st.Calls, *st.LostEvents, *st.Complete, nil
+	for _, t := range st.Traces {
+		pt := t.ProbeTime["uprobe_hook"]
+		probe.Runs += pt.Runs
+		probe.Time += time.Duration(pt.NS)
+	}
+	return st.Calls, *st.LostEvents, *st.Complete, probe, nil
 }
 
 // Mismatch compares what a tracer counted in a run, less what it counted

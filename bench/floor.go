@@ -126,24 +126,29 @@ func fileOffset(object string, addr uint64) (uint64, error) {
 
 // runFloor runs argv behind hooktrace's gate with the floor attached and
 // returns its counter.
-func runFloor(argv []string, atEntry bool, warn func(string)) (uint64, error) {
+func runFloor(argv []string, atEntry bool, warn func(string)) (uint64, ProbeTime, error) {
 	g, err := launch.Start(argv)
 	if err != nil {
-		return 0, err
+		return 0, ProbeTime{}, err
 	}
 	fl, err := attachFloor(g, atEntry, warn)
 	if err != nil {
 		g.Abort()
-		return 0, err
+		return 0, ProbeTime{}, err
 	}
 	defer fl.close()
 	if err := g.Open(); err != nil {
 		g.Cmd.Process.Kill()
 		g.Cmd.Wait()
-		return 0, fmt.Errorf("letting the workload run: %w", err)
+		return 0, ProbeTime{}, fmt.Errorf("letting the workload run: %w", err)
 	}
 	if err := g.Cmd.Wait(); err != nil {
-		return 0, fmt.Errorf("the workload: %w", err)
+		return 0, ProbeTime{}, fmt.Errorf("the workload: %w", err)
 	}
-	return fl.hits()
+	hits, err := fl.hits()
+	var probe ProbeTime
+	if st, err := fl.objs.UprobeFloor.Stats(); err == nil {
+		probe = ProbeTime{Runs: st.RunCount, Time: st.Runtime}
+	}
+	return hits, probe, err
 }

@@ -400,6 +400,16 @@ type Footer struct {
 	// Hang is the deadlock hang detection found in the live process, if
 	// it found one (tracing then stopped).
 	Hang *Hang `json:"hang,omitempty"`
+	// ProbeTime is the eBPF recorder's programs' own time, by program,
+	// when the kernel counted it (kernel.bpf_stats_enabled): what the
+	// probes cost beyond their traps.
+	ProbeTime map[string]ProgramTime `json:"probe_time,omitempty"`
+}
+
+// ProgramTime is a BPF program's runs and the time they took.
+type ProgramTime struct {
+	Runs uint64 `json:"runs"`
+	NS   uint64 `json:"ns"`
 }
 
 // Hang is what hang detection read from a process whose threads stayed

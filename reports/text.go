@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/olekukonko/tablewriter/tw"
 
 	"github.com/hooktrace/hooktrace/analyzer"
+	"github.com/hooktrace/hooktrace/events"
 )
 
 // maxFrames bounds each printed stack; the JSON report has them all.
@@ -43,6 +45,27 @@ func recorderText(st *analyzer.Stats) string {
 	return " (recorded by " + strings.Join(names, ", ") + ")"
 }
 
+// probeTimeText is the BPF programs' own time a run, summed over the
+// traces, when the kernel counted it: "uprobe_hook 240 ns over 1,600,000
+// runs".
+func probeTimeText(st *analyzer.Stats) string {
+	sum := map[string]events.ProgramTime{}
+	for _, t := range st.Traces {
+		for name, pt := range t.ProbeTime {
+			s := sum[name]
+			s.Runs += pt.Runs
+			s.NS += pt.NS
+			sum[name] = s
+		}
+	}
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(sum)) {
+		s := sum[name]
+		parts = append(parts, fmt.Sprintf("%s %d ns a run over %d runs", name, s.NS/s.Runs, s.Runs))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // TextGate is Text with the gate's verdicts: each finding's baseline state
 // and suppression, the fixed findings, unused suppressions, and which
 // findings fail.
@@ -64,6 +87,9 @@ func TextGate(w io.Writer, g *Gate) error {
 	// Always printed: a tracer that starts losing events shows here.
 	p.line("trace checks: %d impossible self-deadlocks, %d unlocks of unheld locks, %d unlocks by another thread",
 		tc.ImpossibleSelfDeadlocks, tc.UnheldUnlocks, tc.ForeignUnlocks)
+	if pt := probeTimeText(st); pt != "" {
+		p.line("probe time: %s", pt)
+	}
 	for _, warn := range st.Warnings {
 		p.line("warning: %s", warn)
 	}

@@ -162,7 +162,14 @@ func (r *Reading) Stop() error {
 }
 
 // Footer is the recorder's account of the trace: events sent, lost,
-// and calls seen per operation.
+// calls seen per operation, and, from a recorder of BPF programs whose
+// time the kernel counted, that time.
 func Footer(rec Recorder) *events.Footer {
-	return &events.Footer{Events: rec.Events(), Lost: rec.Lost(), Calls: rec.Calls()}
+	f := &events.Footer{Events: rec.Events(), Lost: rec.Lost(), Calls: rec.Calls()}
+	if p, ok := rec.(interface {
+		ProbeTime() map[string]events.ProgramTime
+	}); ok {
+		f.ProbeTime = p.ProbeTime()
+	}
+	return f
 }

@@ -461,6 +461,26 @@ func (t *Tracer) Calls() map[string]uint64 {
 	return out
 }
 
+// ProbeTime is the probe programs' own run count and time, by program,
+// when the kernel counts them (kernel.bpf_stats_enabled, or a process
+// holding BPF_ENABLE_STATS); nil when it counted none.
+func (t *Tracer) ProbeTime() map[string]events.ProgramTime {
+	out := map[string]events.ProgramTime{}
+	for name, p := range map[string]*ebpf.Program{
+		"uprobe_hook": t.objs.UprobeHook, "uretprobe_hook": t.objs.UretprobeHook, "sys_enter": t.objs.SysEnter,
+	} {
+		st, err := p.Stats()
+		if err != nil || st.Runtime <= 0 || st.RunCount == 0 {
+			continue
+		}
+		out[name] = events.ProgramTime{Runs: st.RunCount, NS: uint64(st.Runtime)}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
 // Seen counts the threads and lock addresses seen so far.
 func (t *Tracer) Seen() (threads, locks int64) {
 	return t.conv.Seen()
