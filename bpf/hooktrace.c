@@ -1246,10 +1246,9 @@ static __always_inline __u64 shim_alloc_context(struct event *e, __u64 id)
 SEC("raw_tracepoint/sys_enter")
 int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
-	__u64 id;
-	if (!current_traced(&id))
-		return 0;
-	__u32 pid = id >> 32;
+	/* The syscall's number first: the tracepoint fires for every
+	 * syscall of every process, and the futex calls of a contended
+	 * target are most of its own. */
 	long nr = ctx->args[1];
 	__u32 op;
 	switch (nr) {
@@ -1271,6 +1270,10 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	default:
 		return 0;
 	}
+	__u64 id;
+	if (!current_traced(&id))
+		return 0;
+	__u32 pid = id >> 32;
 	count_call(op);
 	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
 	struct pt_regs r = {};
