@@ -176,13 +176,44 @@ static __always_inline int lock_page_maybe(__u32 pid, __u64 page)
 	return (lock_page_filter[bit / 64] >> (bit % 64)) & 1;
 }
 
+/* The highest page registered in lock_pages, in any traced process: a
+ * chunk that starts above it spans no registered lock, and its free needs
+ * no read of its header. Locks in an object's static data are not
+ * registered (no free can span them), so a program whose locks are all
+ * static reads no header at all. */
+volatile __u64 lock_page_top = 0;
+
+static long vma_file_backed(struct task_struct *task, struct vm_area_struct *vma, void *ctx)
+{
+	*(int *)ctx = vma->vm_file != 0;
+	return 0;
+}
+
 static __always_inline void lock_page_add(__u32 pid, __u64 lock)
 {
-	struct page_key k = {.pid = pid, .pad = 0, .page = lock >> 12};
+	__u64 page = lock >> 12;
+	struct page_key k = {.pid = pid, .pad = 0, .page = page};
+	if (lock_page_maybe(pid, page) && bpf_map_lookup_elem(&lock_pages, &k))
+		return;
+	/* Static data (a file's mapping) is never a chunk's: free cannot end
+	 * a lock there. Unknown (the mappings' lock is taken) counts as heap. */
+	int file_backed = 0;
+	if (bpf_find_vma(bpf_get_current_task_btf(), lock, vma_file_backed, &file_backed, 0) == 0 && file_backed)
+		return;
 	__u8 one = 1;
 	bpf_map_update_elem(&lock_pages, &k, &one, BPF_ANY);
-	__u32 bit = lock_page_bit(pid, lock >> 12);
+	__u32 bit = lock_page_bit(pid, page);
 	__sync_fetch_and_or(&lock_page_filter[bit / 64], 1ULL << (bit % 64));
+	__u64 top = lock_page_top;
+	for (int i = 0; i < 16 && page > top; i++) {
+		__u64 seen = __sync_val_compare_and_swap(&lock_page_top, top, page);
+		if (seen == top)
+			return;
+		top = seen;
+	}
+	/* Lost every race (never seen): no bound, rather than a wrong one. */
+	if (page > top)
+		__sync_fetch_and_or(&lock_page_top, ~0ULL);
 }
 
 /* Whether freeing the chunk at p may end a lock's lifetime: a page it spans
@@ -192,7 +223,7 @@ static __always_inline void lock_page_add(__u32 pid, __u64 lock)
 static __always_inline int free_covers_lock(__u32 pid, __u64 p)
 {
 	__u64 sz = 0;
-	if (!p || bpf_probe_read_user(&sz, sizeof(sz), (void *)(p - 8)))
+	if (!p || p >> 12 > lock_page_top || bpf_probe_read_user(&sz, sizeof(sz), (void *)(p - 8)))
 		return 0;
 	if (sz & 2) /* IS_MMAPPED */
 		return 0;

@@ -47,6 +47,12 @@ struct thread_struct {
 	unsigned long fsbase;
 } __attribute__((preserve_access_index));
 
+struct file;
+
+struct vm_area_struct {
+	struct file *vm_file; /* NULL for anonymous memory (heap, stacks) */
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int exit_code;
 	int pid;

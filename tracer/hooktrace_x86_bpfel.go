@@ -311,6 +311,7 @@ type hooktraceVariableSpecs struct {
 	FullMode             *ebpf.VariableSpec `ebpf:"full_mode"`
 	LockEpoch            *ebpf.VariableSpec `ebpf:"lock_epoch"`
 	LockPageFilter       *ebpf.VariableSpec `ebpf:"lock_page_filter"`
+	LockPageTop          *ebpf.VariableSpec `ebpf:"lock_page_top"`
 	TracingOn            *ebpf.VariableSpec `ebpf:"tracing_on"`
 	UnusedCookieLayout   *ebpf.VariableSpec `ebpf:"unused_cookie_layout"`
 	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -393,6 +394,7 @@ type hooktraceVariables struct {
 	FullMode             *ebpf.Variable `ebpf:"full_mode"`
 	LockEpoch            *ebpf.Variable `ebpf:"lock_epoch"`
 	LockPageFilter       *ebpf.Variable `ebpf:"lock_page_filter"`
+	LockPageTop          *ebpf.Variable `ebpf:"lock_page_top"`
 	TracingOn            *ebpf.Variable `ebpf:"tracing_on"`
 	UnusedCookieLayout   *ebpf.Variable `ebpf:"unused_cookie_layout"`
 	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`
