@@ -812,7 +812,8 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
 			continue;
 		struct event fe;
 		event_init(&fe, st->held_locks[i].op, id);
-		fe.time = st->held_locks[i].time;
+		if (st->held_locks[i].time)
+			fe.time = st->held_locks[i].time;
 		fe.addr = st->held_locks[i].addr;
 		fe.arg = lock_kind(st->held_locks[i].op, st->held_locks[i].addr);
 		fe.stack = st->held_locks[i].stack;
@@ -1123,8 +1124,11 @@ int uprobe_hook(struct pt_regs *ctx)
 			key = pattern_key(st, id >> 32, op, lock, 0);
 			__u64 known = pattern_seen(st, key);
 			if (known) {
-				/* The mutex kind is read if the acquisition is ever sent. */
-				held_push(st, lock, op, 0, known & ~(1ULL << 62), bpf_ktime_get_ns(), 0);
+				/* The mutex kind is read if the acquisition is ever
+				 * sent, and the clock too (flush_held stamps it then),
+				 * as the preload recorder does: a repeated acquisition
+				 * reads no clock. */
+				held_push(st, lock, op, 0, known & ~(1ULL << 62), 0, 0);
 				st->held++;
 				return 0;
 			}
