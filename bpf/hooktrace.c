@@ -152,6 +152,10 @@ struct page_key {
 	__u64 page;
 };
 
+/* What lock_pages says of a page. */
+#define LOCK_PAGE_HEAP 1   /* a free may span it */
+#define LOCK_PAGE_STATIC 2 /* an object's static data: no free spans it */
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -196,14 +200,17 @@ static __always_inline void lock_page_add(__u32 pid, __u64 lock)
 	if (lock_page_maybe(pid, page) && bpf_map_lookup_elem(&lock_pages, &k))
 		return;
 	/* Static data (a file's mapping) is never a chunk's: free cannot end
-	 * a lock there. Unknown (the mappings' lock is taken) counts as heap. */
+	 * a lock there. Unknown (the mappings' lock is taken) counts as heap.
+	 * Either is remembered, so the mappings are looked up once a page. */
 	int file_backed = 0;
-	if (bpf_find_vma(bpf_get_current_task_btf(), lock, vma_file_backed, &file_backed, 0) == 0 && file_backed)
-		return;
-	__u8 one = 1;
-	bpf_map_update_elem(&lock_pages, &k, &one, BPF_ANY);
+	if (bpf_find_vma(bpf_get_current_task_btf(), lock, vma_file_backed, &file_backed, 0) != 0)
+		file_backed = 0;
+	__u8 kind = file_backed ? LOCK_PAGE_STATIC : LOCK_PAGE_HEAP;
+	bpf_map_update_elem(&lock_pages, &k, &kind, BPF_ANY);
 	__u32 bit = lock_page_bit(pid, page);
 	__sync_fetch_and_or(&lock_page_filter[bit / 64], 1ULL << (bit % 64));
+	if (file_backed)
+		return;
 	__u64 top = lock_page_top;
 	for (int i = 0; i < 16 && page > top; i++) {
 		__u64 seen = __sync_val_compare_and_swap(&lock_page_top, top, page);
@@ -239,7 +246,8 @@ static __always_inline int free_covers_lock(__u32 pid, __u64 p)
 		if (!lock_page_maybe(pid, first + i))
 			continue;
 		struct page_key k = {.pid = pid, .pad = 0, .page = first + i};
-		if (bpf_map_lookup_elem(&lock_pages, &k))
+		__u8 *kind = bpf_map_lookup_elem(&lock_pages, &k);
+		if (kind && *kind == LOCK_PAGE_HEAP)
 			return 1;
 	}
 	return 0;
