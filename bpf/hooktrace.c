@@ -180,11 +180,10 @@ static __always_inline int lock_page_maybe(__u32 pid, __u64 page)
 	return (lock_page_filter[bit / 64] >> (bit % 64)) & 1;
 }
 
-/* The highest page registered in lock_pages, in any traced process: a
- * chunk that starts above it spans no registered lock, and its free needs
- * no read of its header. Locks in an object's static data are not
- * registered (no free can span them), so a program whose locks are all
- * static reads no header at all. */
+/* The highest LOCK_PAGE_HEAP page in lock_pages, in any traced process:
+ * a chunk that starts above it spans no lock a free can end, and its free
+ * needs no read of its header. A program whose locks are all in static
+ * data reads no header at all. */
 volatile __u64 lock_page_top = 0;
 
 static long vma_file_backed(struct task_struct *task, struct vm_area_struct *vma, void *ctx)
