@@ -810,6 +810,22 @@ static __always_inline __u64 pattern_key(struct thread_state *st, __u32 pid, __u
 
 /* Sends the acquisitions of held locks that were only counted: something
  * new is about to be sent, and the analysis must know what is held. */
+/* Sends the acquisition of h, the i-th lock held, in thread id's name,
+ * at its own time if it has one; returns the lock's kind. */
+static __always_inline __u32 send_held(const struct held_lock *h, __u32 i, __u64 id)
+{
+	struct event e;
+	event_init(&e, h->op, id);
+	if (h->time)
+		e.time = h->time;
+	e.addr = h->addr;
+	e.arg = lock_kind(h->op, h->addr);
+	e.stack = h->stack;
+	e.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+	event_send(&e);
+	return e.arg;
+}
+
 static __always_inline void flush_held(struct thread_state *st, __u64 id)
 {
 	for (__u32 i = 0; i < MAX_HELD; i++) {
@@ -817,15 +833,7 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
 			break;
 		if (st->held_locks[i].sent)
 			continue;
-		struct event fe;
-		event_init(&fe, st->held_locks[i].op, id);
-		if (st->held_locks[i].time)
-			fe.time = st->held_locks[i].time;
-		fe.addr = st->held_locks[i].addr;
-		fe.arg = lock_kind(st->held_locks[i].op, st->held_locks[i].addr);
-		fe.stack = st->held_locks[i].stack;
-		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
-		event_send(&fe);
+		send_held(&st->held_locks[i], i, id);
 		st->held_locks[i].sent = 1;
 	}
 }
@@ -1408,15 +1416,11 @@ int sched_fork(struct bpf_raw_tracepoint_args *ctx)
 	for (__u32 i = 0; i < MAX_HELD; i++) {
 		if (i >= st->nheld)
 			break;
+		/* Taken by the child now, as far as its records go. */
 		struct held_lock h = st->held_locks[i];
-		event_init(e, h.op, ((__u64)ctgid << 32) | ctid);
-		e->addr = h.addr;
-		e->arg = lock_kind(h.op, h.addr);
-		e->stack = h.stack;
-		e->flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
-		event_send(e);
+		h.time = 0;
+		h.kind = send_held(&h, i, ((__u64)ctgid << 32) | ctid);
 		h.sent = 1;
-		h.kind = e->arg;
 		in->locks[i] = h;
 		in->n = i + 1;
 	}

@@ -253,14 +253,11 @@ static void after_fork_child(void)
 static void inherit_held(struct tstate *t, const struct held_lock *from, __u32 n)
 {
 	for (__u32 i = 0; i < n && i < MAX_HELD; i++) {
-		struct event e;
-		event_init(&e, t, from[i].op);
-		e.addr = from[i].addr;
-		e.arg = mutex_kind(from[i].op, from[i].addr);
-		e.stack = from[i].stack;
-		e.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
-		event_send(&e);
-		held_push(t, from[i].addr, from[i].op, e.arg, from[i].stack, e.time, 1);
+		/* Taken by the child now: after its creation record. */
+		struct held_lock h = from[i];
+		h.time = 0;
+		struct event e = send_held(t, &h, i);
+		held_push(t, h.addr, h.op, (__u32)e.arg, h.stack, e.time, 1);
 		t->held++;
 	}
 }

@@ -290,21 +290,29 @@ static __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
 	return h ? h : 1;
 }
 
+/* Sends the acquisition of h, the i-th lock t holds, at its own time if
+ * it has one; returns the event sent. */
+static struct event send_held(struct tstate *t, const struct held_lock *h, __u32 i)
+{
+	struct event e;
+	event_init(&e, t, h->op);
+	if (h->time)
+		e.time = h->time;
+	e.addr = h->addr;
+	e.arg = mutex_kind(h->op, h->addr);
+	e.stack = h->stack;
+	e.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+	event_send(&e);
+	return e;
+}
+
 static void flush_held(struct tstate *t)
 {
 	for (__u32 i = 0; i < t->nheld; i++) {
 		struct held_lock *h = &t->held_locks[i];
 		if (h->sent)
 			continue;
-		struct event fe;
-		event_init(&fe, t, h->op);
-		if (h->time)
-			fe.time = h->time;
-		fe.addr = h->addr;
-		fe.arg = mutex_kind(h->op, h->addr);
-		fe.stack = h->stack;
-		fe.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
-		event_send(&fe);
+		send_held(t, h, i);
 		h->sent = 1;
 	}
 }
