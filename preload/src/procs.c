@@ -65,9 +65,7 @@ static void thread_exit_event(struct tstate *t, __s64 ret)
  * running: there the kernel's view alone has their exits. */
 static void others_ended(struct tstate *self)
 {
-	__u32 n = __atomic_load_n(H32(SHM_OFF_NEXT_SLOT), __ATOMIC_RELAXED);
-	if (n > SHM_SLOTS)
-		n = SHM_SLOTS;
+	__u32 n = slots_taken();
 	for (__u32 i = 0; i < n; i++) {
 		if (&writing[i].v == self->writing || !__atomic_load_n(&writing[i].live_tid, __ATOMIC_RELAXED))
 			continue;

@@ -59,14 +59,19 @@ static void wait_unflagged(__u32 *flag)
 	}
 }
 
+/* How many per-thread slots the process's threads have taken. */
+static __u32 slots_taken(void)
+{
+	__u32 n = __atomic_load_n(H32(SHM_OFF_NEXT_SLOT), __ATOMIC_RELAXED);
+	return n < SHM_SLOTS ? n : SHM_SLOTS;
+}
+
 /* This thread ends the image: no other thread starts a record from now on,
  * and the records under way are finished first. */
 static void end_writes(struct tstate *self)
 {
 	__atomic_store_n(&closing_tid, self->shared.tid, __ATOMIC_SEQ_CST);
-	__u32 n = __atomic_load_n(H32(SHM_OFF_NEXT_SLOT), __ATOMIC_RELAXED);
-	if (n > SHM_SLOTS)
-		n = SHM_SLOTS;
+	__u32 n = slots_taken();
 	for (__u32 i = 0; i < n; i++)
 		if (&writing[i].v != self->writing)
 			wait_unflagged(&writing[i].v);
