@@ -135,12 +135,8 @@ func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
 			// of it, and count each exit too.
 			t.Run("ebpf", func(t *testing.T) {
 				testenv.RequireBPF(t)
-				report, _, stderr, code := runJSON(t, append([]string{"--recorder", "ebpf", "--probe", "plugin_step@" + lib,
-					"--fail-on", "none", "--", c.prog}, c.args...)...)
-				if code != 0 {
-					t.Fatalf("exit %d\n%s", code, stderr)
-				}
-				if calls := parseReport(t, report).Stats.Calls; calls["probe_enter"] != c.steps || calls["probe_exit"] != c.steps {
+				e := traceProc(t, "ebpf", []string{"--probe", "plugin_step@" + lib}, c.prog, c.args...)
+				if calls := e.rep.Stats.Calls; calls["probe_enter"] != c.steps || calls["probe_exit"] != c.steps {
 					t.Errorf("calls %v: want %d probe_enter and probe_exit", calls, c.steps)
 				}
 			})

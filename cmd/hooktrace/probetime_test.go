@@ -22,7 +22,7 @@ func TestProbeTime(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "mallocs")
 	if b, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled"); err == nil && strings.TrimSpace(string(b)) == "0" {
-		rep := parseReport(t, mustRunJSON(t, "--recorder", "ebpf", "--", prog))
+		rep := traceProc(t, "ebpf", []string{"--ignore-target-status"}, prog).rep
 		if len(rep.Stats.Traces) != 1 || rep.Stats.Traces[0].ProbeTime != nil {
 			t.Errorf("without the kernel's counting: traces %+v, want one without probe_time", rep.Stats.Traces)
 		}
@@ -32,7 +32,7 @@ func TestProbeTime(t *testing.T) {
 		t.Fatalf("enabling the kernel's BPF statistics: %v", err)
 	}
 	defer stats.Close()
-	rep := parseReport(t, mustRunJSON(t, "--recorder", "ebpf", "--", prog))
+	rep := traceProc(t, "ebpf", []string{"--ignore-target-status"}, prog).rep
 	if len(rep.Stats.Traces) != 1 {
 		t.Fatalf("%d traces, want 1", len(rep.Stats.Traces))
 	}
@@ -41,13 +41,4 @@ func TestProbeTime(t *testing.T) {
 	if c["malloc"] < 10000 || hook.Runs < c["malloc"]+c["pthread_mutex_lock"]+c["pthread_mutex_unlock"] || hook.NS == 0 {
 		t.Errorf("uprobe_hook %+v for calls %v: want a run for every malloc and mutex call, and their time", hook, c)
 	}
-}
-
-func mustRunJSON(t *testing.T, args ...string) string {
-	t.Helper()
-	report, _, stderr, code := runJSON(t, append([]string{"--fail-on", "none", "--ignore-target-status"}, args...)...)
-	if code != 0 {
-		t.Fatalf("hooktrace run %v: exit %d\n%s", args, code, stderr)
-	}
-	return report
 }
