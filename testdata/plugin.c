@@ -7,7 +7,13 @@
 static pthread_mutex_t plugin_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *volatile keep;
 
-__attribute__((noinline)) void plugin_step(int i)
+/* Built a second time with -DSTEP=plugin_stop: a name of the same length
+ * keeps every offset in the library the same. */
+#ifndef STEP
+#define STEP plugin_step
+#endif
+
+__attribute__((noinline)) void STEP(int i)
 {
 	pthread_mutex_lock(&plugin_lock);
 	keep = malloc(32 + i);

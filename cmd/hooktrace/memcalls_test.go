@@ -144,6 +144,49 @@ func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
 	}
 }
 
+// TestProbeWhereAnotherLibraryWas: a library is unloaded and another one
+// loaded in its place, with a probed function where the first had its
+// own. Each call is counted under its own function, by both recorders. The
+// eBPF probe remembers, per thread, which probe fired at an address
+// (code_epoch ends that memory when code is unmapped or mapped): kept
+// across the swap, it would name the second library's calls after the
+// first one's function.
+func TestProbeWhereAnotherLibraryWas(t *testing.T) {
+	src := filepath.Join(testenv.RepoRoot(t), "testdata", "plugin.c")
+	flags := append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")
+	one := testenv.C{Source: src, Name: "libplugin.so", Flags: flags}.Build(t)
+	two := testenv.C{Source: src, Name: "libplugtwo.so", Flags: append(slices.Clone(flags), "-DSTEP=plugin_stop")}.Build(t)
+	prog := testenv.Program(t, "memcalls")
+	for _, recorder := range []string{"ebpf", "preload"} {
+		t.Run(recorder, func(t *testing.T) {
+			if recorder == "ebpf" {
+				testenv.RequireBPF(t)
+			}
+			trace := filepath.Join(t.TempDir(), "swap.htr")
+			_, stdout, stderr, code := runJSON(t, "--recorder", recorder, "--fail-on", "none", "-o", trace,
+				"--probe", "plugin_step@"+one, "--probe", "plugin_stop@"+two, "--", prog, one, "swap", two)
+			if code != 0 {
+				t.Fatalf("exit %d\n%s", code, stderr)
+			}
+			// Else the kernel placed the second library elsewhere, and
+			// this test no longer tests what it is for.
+			if !strings.Contains(stdout, "same address") {
+				t.Fatalf("the second library was not loaded where the first was: %q", stdout)
+			}
+			evs, _, r := readTrace(t, trace)
+			entered := map[string]int{}
+			for _, e := range evs {
+				if e.Op == events.OpProbeEnter && int(e.Arg) < len(r.Header().UserProbes) {
+					entered[r.Header().UserProbes[e.Arg]]++
+				}
+			}
+			if entered["plugin_step@"+one] != 3 || entered["plugin_stop@"+two] != 3 {
+				t.Errorf("probe entries %v: want 3 of each", entered)
+			}
+		})
+	}
+}
+
 // TestPreloadMemoryCallsInsideAllocator: jemalloc, preloaded, maps and
 // advises memory through the PLT from inside malloc and free. The preload
 // recorder records those calls flagged as inside the allocator call,

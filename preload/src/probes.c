@@ -8,7 +8,8 @@
  * jumps back after it. Nothing is restored in between, so other threads
  * never run past an unarmed entry. */
 static struct probe {
-	__u64 addr;
+	__u64 addr; /* where it traps: 0 while its object is unloaded */
+	__u64 home; /* where it was armed, and its displaced copy fits */
 	__u8 *displaced;
 	__u32 index;
 } probes[SHM_PROBES];
@@ -277,16 +278,25 @@ static void arm_probes(void)
 		const struct shm_probe *sp = (const struct shm_probe *)(shm + SHM_OFF_PROBES + i * SHM_PROBE_BYTES);
 		struct probe_search ps = {sp, 0};
 		dl_iterate_phdr(find_object, &ps);
-		if (!ps.addr)
-			continue; /* not loaded (yet, or any more) */
 		struct probe *old = probe_entry[i] ? &probes[probe_entry[i] - 1] : NULL;
+		if (!ps.addr) {
+			/* Not loaded (yet, or any more). An unloaded object's
+			 * entry must not take the traps of another library
+			 * loaded where it was: on_trap would name the wrong
+			 * probe and resume in the wrong displaced copy. Its int3
+			 * is written after this loop. */
+			if (old)
+				__atomic_store_n(&old->addr, 0, __ATOMIC_RELEASE);
+			continue;
+		}
 		if (old && old->addr == ps.addr && *(volatile __u8 *)ps.addr == 0xcc)
 			continue; /* armed, and still mapped */
 		if (sp->len == 0 || sp->len > 15 || memcmp((void *)ps.addr, sp->insn, sp->len) != 0)
 			continue;
-		if (old && old->addr == ps.addr) {
+		if (old && old->home == ps.addr) {
 			/* Loaded again where it was: its displaced copy still
 			 * fits, only the int3 is new. */
+			__atomic_store_n(&old->addr, ps.addr, __ATOMIC_RELEASE);
 			arm[narm++] = ps.addr;
 			continue;
 		}
@@ -295,7 +305,7 @@ static void arm_probes(void)
 		__u8 *tramp = displace(sp, ps.addr, page);
 		if (!tramp)
 			continue;
-		probes[nprobes] = (struct probe){ps.addr, tramp, sp->index};
+		probes[nprobes] = (struct probe){ps.addr, ps.addr, tramp, sp->index};
 		/* Published whole: other threads may be trapping already. */
 		__atomic_store_n(&nprobes, nprobes + 1, __ATOMIC_RELEASE);
 		/* The old entry's code is gone: nothing traps there for it. */
