@@ -9,6 +9,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include <asm/unistd_64.h>
+#include <asm-generic/mman-common.h>
 #include "hooktrace.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -31,6 +32,11 @@ volatile __u32 tracing_on = 0;
  * that every lifetime end makes each pattern of every traced process new
  * once. */
 volatile __u64 lock_epoch = 0;
+
+/* Counts changes to which code is mapped where (munmap, mremap, an
+ * executable mmap, exec) in any traced process: the probe cookies a thread
+ * remembers by address (thread_state.sites) hold only within one. */
+volatile __u64 code_epoch = 0;
 
 /* Processes being traced (tgid -> TRACED, or GATED for a child that has
  * not exec'd its target yet: its own start-up is not the target's). uprobes
@@ -96,6 +102,17 @@ static __always_inline int current_traced(__u64 *id)
  * under each lock). */
 #define PATTERN_CACHE 64
 
+/* Probe sites a thread remembers (a power of two): a hot loop hits a few
+ * (its lock, its unlock, malloc, free). */
+#define SITE_CACHE 8
+
+/* A probe's address and its attach cookie, as of code_epoch. */
+struct site_cookie {
+	__u64 ip;
+	__u64 cookie;
+	__u64 epoch;
+};
+
 struct thread_state {
 	__u64 alloc_sp;  /* where the outermost live allocator call's return address is */
 	__u64 alloc_ret; /* ... and that return address */
@@ -125,6 +142,10 @@ struct thread_state {
 	__u64 cache_stack[PATTERN_CACHE];
 	/* The last acquisition at a site that can fire twice in one call. */
 	__u64 refire_lock, refire_sp, refire_ret;
+	/* The cookies of the probes this thread hit last, by address: asking
+	 * the kernel (bpf_get_attach_cookie) is a helper call, about 12 ns of
+	 * a hit's 200 here, and a hot loop hits the same few probes. */
+	struct site_cookie sites[SITE_CACHE];
 };
 
 /* Acquisition patterns already sent, lockdep's chain cache: (lock, locks
@@ -966,22 +987,38 @@ static __always_inline void send_with_stack(void *ctx, struct event *e, struct p
 	event_send(e);
 }
 
+/* The attach cookie of the probe that fired: the thread's memory of it,
+ * while the code at that address has not changed since (code_epoch is read
+ * first, so a change racing with the helper call leaves the entry stale). */
+static __always_inline __u64 probe_cookie(struct pt_regs *ctx, struct thread_state *st)
+{
+	__u64 ip = PT_REGS_IP(ctx);
+	__u64 epoch = code_epoch;
+	struct site_cookie *c = &st->sites[(ip ^ (ip >> 5)) & (SITE_CACHE - 1)];
+	if (c->ip == ip && c->epoch == epoch)
+		return c->cookie;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	c->ip = ip;
+	c->cookie = cookie;
+	c->epoch = epoch;
+	return cookie;
+}
+
 SEC("uprobe.multi")
 int uprobe_hook(struct pt_regs *ctx)
 {
 	if (!tracing_on)
 		return 0;
-	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u32 op = COOKIE_OP(cookie);
-	__u64 sp = PT_REGS_SP(ctx);
-	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
-
 	struct thread_state *st = thread_get();
 	if (!st) {
-		count_call(op);
+		count_call(COOKIE_OP(bpf_get_attach_cookie(ctx)));
 		bpf_tail_call(ctx, &no_private_stack, 0);
 		return 0;
 	}
+	__u64 cookie = probe_cookie(ctx, st);
+	__u32 op = COOKIE_OP(cookie);
+	__u64 sp = PT_REGS_SP(ctx);
+	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
 	__u64 id = thread_ids(st);
 	if (is_unlock(op) && COOKIE_ALIAS(cookie) && !may_hold(st, PT_REGS_PARM1(ctx)) &&
 	    !spin_word_held(PT_REGS_PARM1(ctx)))
@@ -1344,15 +1381,19 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	case OP_MUNMAP:
 		e->size = r.si;
 		__sync_fetch_and_add(&lock_epoch, 1); /* may end locks' lifetimes */
+		__sync_fetch_and_add(&code_epoch, 1); /* and unmap probed code */
 		break;
 	case OP_MREMAP:
 		e->size = r.si;
 		e->arg = r.dx;
 		__sync_fetch_and_add(&lock_epoch, 1);
+		__sync_fetch_and_add(&code_epoch, 1);
 		break;
 	case OP_MMAP:
 		e->size = r.si;
 		e->arg = r.dx | (r.r10 << 32);
+		if (r.dx & PROT_EXEC) /* code, perhaps where other code was */
+			__sync_fetch_and_add(&code_epoch, 1);
 		break;
 	}
 	if (st->held > 0)
@@ -1483,6 +1524,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 		st->held = 0;
 	}
 	__sync_fetch_and_add(&lock_epoch, 1);
+	__sync_fetch_and_add(&code_epoch, 1);
 	if (!tracing_on)
 		return 0;
 	count_call(OP_EXEC);

@@ -221,6 +221,12 @@ type hooktraceThreadState struct {
 	RefireLock uint64
 	RefireSp   uint64
 	RefireRet  uint64
+	Sites      [8]struct {
+		_      structs.HostLayout
+		Ip     uint64
+		Cookie uint64
+		Epoch  uint64
+	}
 }
 
 type hooktraceTraceState uint32
@@ -307,6 +313,7 @@ type hooktraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceVariableSpecs struct {
+	CodeEpoch            *ebpf.VariableSpec `ebpf:"code_epoch"`
 	FollowForks          *ebpf.VariableSpec `ebpf:"follow_forks"`
 	FullMode             *ebpf.VariableSpec `ebpf:"full_mode"`
 	LockEpoch            *ebpf.VariableSpec `ebpf:"lock_epoch"`
@@ -390,6 +397,7 @@ func (m *hooktraceMaps) Close() error {
 //
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktraceVariables struct {
+	CodeEpoch            *ebpf.Variable `ebpf:"code_epoch"`
 	FollowForks          *ebpf.Variable `ebpf:"follow_forks"`
 	FullMode             *ebpf.Variable `ebpf:"full_mode"`
 	LockEpoch            *ebpf.Variable `ebpf:"lock_epoch"`
