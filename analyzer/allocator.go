@@ -35,6 +35,22 @@ func (h *hookContext) reset() {
 	h.takes = h.takes[:0]
 }
 
+// allocCallStack is the stack of the allocator call (op) that an event
+// with stack st ran inside. It comes from st itself, which the raw stack
+// copy of such an event unwinds through the allocator to its caller, so
+// both modes show the same call. Without one, the thread's last allocator
+// event of that op stands in: in aggregate mode the chain cache may have
+// only counted the call the event ran in, and that is an earlier one.
+func (t *thread) allocCallStack(st *events.Stack, op events.Op) *events.Stack {
+	if s := enclosingAllocCall(st); s != nil {
+		return s
+	}
+	if op == t.allocOp {
+		return t.stream.stack(t.allocStack)
+	}
+	return nil
+}
+
 // enclosingAllocOp is the allocator call an in-allocator event runs in.
 func (t *thread) enclosingAllocOp(e *events.Event) events.Op {
 	if e.Flags&events.FlagInAlloc != 0 {
@@ -150,9 +166,7 @@ func (a *Analyzer) hookAcquire(t *thread, q acquisition) {
 		hold:       hold,
 		holdReason: reason,
 	}
-	if allocOp == t.allocOp {
-		sg.heldStack = s.stack(t.allocStack)
-	}
+	sg.heldStack = t.allocCallStack(st, allocOp)
 	dt := depType(0)
 	if q.recursive {
 		dt |= depRecursiveRead
@@ -314,9 +328,7 @@ func (a *Analyzer) reentry(t *thread, e *events.Event) {
 		via:    t.hookVia(st),
 		count:  1,
 	}
-	if outer == t.allocOp {
-		r.outerStack = t.stream.stack(t.allocStack)
-	}
+	r.outerStack = t.allocCallStack(st, outer)
 	a.reentries[key] = r
 	a.reentryList = append(a.reentryList, r)
 }

@@ -68,9 +68,7 @@ func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind
 	}
 	if viaHook {
 		s.allocOp = t.enclosingAllocOp(q.e)
-		if s.allocOp == t.allocOp {
-			s.allocStack = t.stream.stack(t.allocStack)
-		}
+		s.allocStack = t.allocCallStack(st, s.allocOp)
 		s.via = t.hookVia(st)
 	}
 	a.selfLocks[key] = s

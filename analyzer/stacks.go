@@ -106,6 +106,22 @@ var allocatorEntries = map[string]bool{
 	"__libc_valloc": true, "__libc_pvalloc": true, "_mid_memalign": true,
 }
 
+// enclosingAllocCall is the stack of the outermost allocator call that st
+// (a hook's, or a call made inside the allocator) runs in: st's frames from
+// that call's entry outwards, as the call's own event shows them. nil when
+// st has no allocator entry (a frame-pointer walk stops in glibc).
+func enclosingAllocCall(st *events.Stack) *events.Stack {
+	if st == nil {
+		return nil
+	}
+	for i := len(st.Frames) - 1; i >= 0; i-- {
+		if allocatorEntries[baseFunction(st.Frames[i].Function)] {
+			return &events.Stack{ID: st.ID, Frames: st.Frames[i:], Truncated: st.Truncated}
+		}
+	}
+	return nil
+}
+
 // allocCallerFrame is the innermost frame outside the allocator's entry.
 func allocCallerFrame(st *events.Stack) *events.Frame {
 	if st == nil {

@@ -24,15 +24,20 @@ type finding struct {
 	Locks    []string `json:"locks"`
 	Gate     string   `json:"gate"`
 	Edges    []struct {
-		From   string `json:"from"`
-		To     string `json:"to"`
-		Thread uint32 `json:"thread"`
-		Stack  []struct {
-			Function string `json:"function"`
-			File     string `json:"file"`
-			Line     int    `json:"line"`
-		} `json:"stack"`
+		From   string  `json:"from"`
+		To     string  `json:"to"`
+		Thread uint32  `json:"thread"`
+		Stack  []frame `json:"stack"`
+		// HeldStack: where the edge's first lock (or the allocator
+		// call, for an edge out of the allocator's lock) was taken.
+		HeldStack []frame `json:"held_stack"`
 	} `json:"edges"`
+}
+
+type frame struct {
+	Function string `json:"function"`
+	File     string `json:"file"`
+	Line     int    `json:"line"`
 }
 
 func findings(t *testing.T, stdout string) []finding {
@@ -209,6 +214,20 @@ func (f finding) edgeStackHas(i int, fns ...string) bool {
 	}
 	for _, fn := range fns {
 		if !have[fn] {
+			return false
+		}
+	}
+	return true
+}
+
+// heldStackStarts reports whether edge i's held stack begins with the
+// functions fns.
+func (f finding) heldStackStarts(i int, fns ...string) bool {
+	if i >= len(f.Edges) || len(f.Edges[i].HeldStack) < len(fns) {
+		return false
+	}
+	for j, fn := range fns {
+		if f.Edges[i].HeldStack[j].Function != fn {
 			return false
 		}
 	}
@@ -474,6 +493,11 @@ func TestHookContext(t *testing.T) {
 		}
 		if !fs[0].edgeStackHas(1, "pthread_mutex_lock", "munmap_hook", "_int_new_arena", "malloc", "make_arena") {
 			t.Errorf("edge 1 should show the hook under _int_new_arena in make_arena's malloc:\n%v", fs[0])
+		}
+		// The allocator call the hook ran in, in both modes: the
+		// aggregate mode did not send that malloc (no lock was held).
+		if !fs[0].heldStackStarts(1, "malloc", "make_arena", "arena_thread") {
+			t.Errorf("edge 1's held stack should be make_arena's malloc:\n%v", fs[0])
 		}
 		if len(ofKind(self, "hook-lock", "info")) != 0 {
 			t.Errorf("the hook-lock info is superseded by the hazard: %v", self)
