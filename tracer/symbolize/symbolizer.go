@@ -4,11 +4,14 @@ package symbolize
 
 import (
 	"bytes"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"golang.org/x/sys/unix"
 )
 
 // cacheSize bounds each generation of a Symbolizer's address caches; at
@@ -49,11 +53,21 @@ type Symbolizer struct {
 	files     map[fileID]*Object
 	refreshed time.Time
 	gone      bool // the process has exited: keep the last snapshot
+	// pins: the code of libraries the process loaded, by load base, from
+	// the recorder's records of dlopen, kept over whatever a later
+	// snapshot finds at those addresses until dlclose unpins them.
+	pins map[uint64]pinned
 
 	frames cache[frameKey, []events.Frame]
 	data   cache[uint64, string]
 
 	hits, misses int // for tests of the caches
+}
+
+// pinned is a loaded library's code mappings and their bindings.
+type pinned struct {
+	maps  Maps
+	bound []binding
 }
 
 // binding is a mapping's object and load bias (process address minus the
@@ -97,6 +111,12 @@ func (s *Symbolizer) Fork(pid int) *Symbolizer {
 	c.bound = append([]binding(nil), s.bound...)
 	for id, o := range s.files {
 		c.files[id] = o
+	}
+	for base, p := range s.pins {
+		if c.pins == nil {
+			c.pins = map[uint64]pinned{}
+		}
+		c.pins[base] = p
 	}
 	s.mu.Unlock()
 	c.mu.Lock()
@@ -165,6 +185,7 @@ func (s *Symbolizer) refresh() error {
 	if keep := gone(s.maps, s.bound, maps); len(keep) > 0 && survives(s.maps, maps) {
 		maps, bound = merge(maps, bound, keep, s.maps, s.bound)
 	}
+	maps, bound = s.overlay(maps, bound)
 	if !onlyAdded(s.maps, maps) {
 		// Something was unmapped or replaced: cached results may name the
 		// wrong object now.
@@ -173,6 +194,123 @@ func (s *Symbolizer) refresh() error {
 	}
 	s.maps, s.bound = maps, bound
 	return nil
+}
+
+// Pin names addresses in the code of the library the process loaded at
+// base (dlopen's link_map: its l_addr and l_name) after that library,
+// whatever a later snapshot finds there, until Unpin(base). Snapshots are
+// taken behind the process, and a library it unloaded by then may have
+// another one in its place, or nothing.
+func (s *Symbolizer) Pin(base uint64, path string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The file the process mapped, while it maps it: the path may name
+	// another file by now (a library rebuilt in place).
+	o := s.mappedAt(base, path)
+	if o == nil && !s.gone {
+		_ = s.refresh()
+		o = s.mappedAt(base, path)
+	}
+	if o == nil {
+		var err error
+		if o, err = OpenIn(s.pid, path); err != nil {
+			return err
+		}
+	}
+	var dev, ino uint64
+	for _, name := range []string{fmt.Sprintf("/proc/%d/root%s", s.pid, path), path} {
+		if fi, err := os.Stat(name); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				dev, ino = st.Dev, st.Ino
+				break
+			}
+		}
+	}
+	page := uint64(os.Getpagesize())
+	var p pinned
+	for _, l := range o.loads {
+		if l.Flags&elf.PF_X == 0 || l.Filesz == 0 {
+			continue
+		}
+		m := Mapping{
+			Start:  (base + l.Vaddr) &^ (page - 1),
+			End:    (base + l.Vaddr + l.Memsz + page - 1) &^ (page - 1),
+			Perms:  "r-xp",
+			Offset: l.Off &^ (page - 1),
+			Major:  unix.Major(dev),
+			Minor:  unix.Minor(dev),
+			Inode:  max(ino, 1),
+			Path:   path,
+		}
+		if bias, ok := o.bias(m); ok {
+			p.maps = append(p.maps, m)
+			p.bound = append(p.bound, binding{obj: o, bias: bias})
+		}
+	}
+	if len(p.maps) == 0 {
+		return fmt.Errorf("%s has no code to pin", path)
+	}
+	if s.pins == nil {
+		s.pins = map[uint64]pinned{}
+	}
+	s.pins[base] = p
+	s.maps, s.bound = s.overlay(s.maps, s.bound)
+	s.frames.clear()
+	s.data.clear()
+	return nil
+}
+
+// mappedAt returns the object of the snapshot's code mapping of the
+// library at path loaded at base (the same load bias, the same file), or
+// nil.
+func (s *Symbolizer) mappedAt(base uint64, path string) *Object {
+	paths := []string{path}
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		paths = append(paths, real)
+	}
+	for i, m := range s.maps {
+		if b := s.bound[i]; b.obj != nil && b.bias == base && m.Executable() && slices.Contains(paths, m.Path) {
+			return b.obj
+		}
+	}
+	return nil
+}
+
+// Unpin ends Pin(base): the library is being unloaded. Its mappings stay
+// in the snapshot until the next one, which keeps them while nothing else
+// is mapped there.
+func (s *Symbolizer) Unpin(base uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.pins, base)
+}
+
+// overlay puts the pinned libraries' mappings into maps, in place of
+// whatever overlaps them.
+func (s *Symbolizer) overlay(maps Maps, bound []binding) (Maps, []binding) {
+	if len(s.pins) == 0 {
+		return maps, bound
+	}
+	var pins []boundMapping
+	for _, p := range s.pins {
+		for i := range p.maps {
+			pins = append(pins, boundMapping{p.maps[i], p.bound[i]})
+		}
+	}
+	all := make([]boundMapping, 0, len(maps)+len(pins))
+	for i, m := range maps {
+		covered := false
+		for _, p := range pins {
+			if m.Start < p.m.End && p.m.Start < m.End {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			all = append(all, boundMapping{m, bound[i]})
+		}
+	}
+	return sorted(append(all, pins...))
 }
 
 // processRoots returns the process's root directory, seen through /proc,
@@ -224,19 +362,26 @@ func survives(old, new Maps) bool {
 
 // merge adds old's mappings keep (indexes), with their bindings, to new.
 func merge(maps Maps, bound []binding, keep []int, old Maps, oldBound []binding) (Maps, []binding) {
-	type pair struct {
-		m Mapping
-		b binding
-	}
-	all := make([]pair, 0, len(maps)+len(keep))
+	all := make([]boundMapping, 0, len(maps)+len(keep))
 	for i := range maps {
-		all = append(all, pair{maps[i], bound[i]})
+		all = append(all, boundMapping{maps[i], bound[i]})
 	}
 	for _, i := range keep {
-		all = append(all, pair{old[i], oldBound[i]})
+		all = append(all, boundMapping{old[i], oldBound[i]})
 	}
+	return sorted(all)
+}
+
+// boundMapping is a mapping with its binding, while a snapshot is rebuilt.
+type boundMapping struct {
+	m Mapping
+	b binding
+}
+
+// sorted splits all, sorted by address, into a snapshot's two slices.
+func sorted(all []boundMapping) (Maps, []binding) {
 	sort.Slice(all, func(i, j int) bool { return all[i].m.Start < all[j].m.Start })
-	maps, bound = make(Maps, len(all)), make([]binding, len(all))
+	maps, bound := make(Maps, len(all)), make([]binding, len(all))
 	for i, p := range all {
 		maps[i], bound[i] = p.m, p.b
 	}
