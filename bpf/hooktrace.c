@@ -1304,6 +1304,68 @@ int uprobe_shim_ready(struct pt_regs *ctx)
 	return 0;
 }
 
+/* Sends the library a loader handle (struct link_map *, whose first fields
+ * are the load bias and the path) names: loaded, or about to be unloaded. */
+static __always_inline void send_object(__u64 handle, __u32 gone)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (!handle || !is_traced(pid))
+		return;
+	struct {
+		__u64 l_addr;
+		__u64 l_name;
+	} lm = {};
+	if (bpf_probe_read_user(&lm, sizeof(lm), (void *)handle) || !lm.l_name)
+		return;
+	struct object *r = bpf_ringbuf_reserve(&ring, sizeof(*r), 0);
+	if (!r) {
+		count_lost(REC_OBJECT);
+		return;
+	}
+	r->type = REC_OBJECT;
+	r->pid = pid;
+	r->time = bpf_ktime_get_ns();
+	r->base = lm.l_addr;
+	r->gone = gone;
+	long n = bpf_probe_read_user_str(r->path, sizeof(r->path), (void *)lm.l_name);
+	r->len = n > 0 ? n - 1 : 0;
+	bpf_ringbuf_submit(r, ring_flags());
+}
+
+/* dlopen's and dlmopen's entry: their return probe swaps the return
+ * address, so the frame-pointer walks of the calls made inside (the
+ * library's constructors) go through the kernel's unwinder, which puts it
+ * back (see thread_state.uret_pending). */
+SEC("uprobe")
+int uprobe_dlopen(struct pt_regs *ctx)
+{
+	struct thread_state *st = thread_get();
+	if (st)
+		st->uret_pending++;
+	return 0;
+}
+
+/* dlopen's and dlmopen's result: the library is mapped, its constructors
+ * have run. */
+SEC("uretprobe")
+int uretprobe_dlopen(struct pt_regs *ctx)
+{
+	struct thread_state *st = thread_find();
+	if (st && st->uret_pending)
+		st->uret_pending--;
+	send_object(PT_REGS_RC(ctx), 0);
+	return 0;
+}
+
+/* dlclose's argument, before anything is unmapped. */
+SEC("uprobe")
+int uprobe_dlclose(struct pt_regs *ctx)
+{
+	send_object(PT_REGS_PARM1(ctx), 1);
+	return 0;
+}
+
 /* Marks a memory syscall made inside an allocator call, as the preloaded
  * recorder tells it: its state for the calling thread, at the thread
  * pointer plus the offset it named. Without allocator probes in_alloc
@@ -1539,6 +1601,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 const struct event *unused_event __attribute__((unused));
 const struct stack *unused_stack __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
+const struct object *unused_object __attribute__((unused));
 const struct shim_alloc_state *unused_shim_alloc_state __attribute__((unused));
 const enum limits *unused_limits __attribute__((unused));
 const enum rec_type *unused_rec_type __attribute__((unused));

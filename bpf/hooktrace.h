@@ -15,6 +15,7 @@ enum limits {
 	SCAN_SLOTS = 512, /* return-slot scan: 4 KiB of stack */
 	MAX_HELD = 8,     /* locks a thread's state tracks one by one */
 	FREE_PAGES = 4,   /* pages of a freed chunk checked for locks, one by one */
+	OBJECT_PATH = 256, /* bytes of a loaded library's path kept */
 };
 
 /* Record types at the start of every ring-buffer record. */
@@ -22,6 +23,7 @@ enum rec_type {
 	REC_EVENT = 1,
 	REC_STACK = 2,
 	REC_SAMPLE = 3,
+	REC_OBJECT = 4,
 	REC_SLOTS, /* the lost map's size: indexed by record type */
 };
 
@@ -174,6 +176,21 @@ struct sample {
 	__u64 sp;
 	__u64 bp;
 	__u8 data[SAMPLE_BYTES];
+};
+
+/* A library the process loaded (what dlopen returned) or is unloading
+ * (what dlclose was given): its load bias, as the loader's link_map says
+ * (l_addr, the library's base), and the path the loader opened (l_name).
+ * Stacks are named behind the process, by which time a library unloaded
+ * may have another in its place: with these, its code keeps its names. */
+struct object {
+	__u32 type; /* REC_OBJECT */
+	__u32 pid;
+	__u64 time;
+	__u64 base;
+	__u32 gone; /* 1: the library is being unloaded */
+	__u32 len;  /* bytes of path, without the NUL */
+	char path[OBJECT_PATH];
 };
 
 /* Whether a thread is inside an allocator call, as the preloaded recorder

@@ -233,6 +233,7 @@ var (
 	// A sample record is sent at its used length: the header and Len
 	// bytes of Data.
 	sampleHeader = int(unsafe.Offsetof(hooktraceSample{}.Data))
+	objectHeader = int(unsafe.Offsetof(hooktraceObject{}.Path))
 )
 
 // Raw converts one record as the BPF ring or the preload recorder's ring
@@ -260,6 +261,14 @@ func (c *Converter) Raw(b []byte) error {
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), sampleHeader), b)
 		n := min(int(r.Len), len(b)-sampleHeader, len(r.Data))
 		return c.sample(&r, b[sampleHeader:sampleHeader+n])
+	case uint32(hooktraceRecTypeREC_OBJECT):
+		if len(b) < objectHeader {
+			return fmt.Errorf("short object record: %d bytes", len(b))
+		}
+		var r hooktraceObject
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), unsafe.Sizeof(r)), b)
+		c.object(&r)
+		return nil
 	}
 	return fmt.Errorf("unknown ring buffer record type %d", binary.LittleEndian.Uint32(b))
 }
@@ -345,6 +354,24 @@ func (c *Converter) event(r *hooktraceEvent) error {
 		Stack: stack,
 	}}
 	return c.Emit(&c.rec)
+}
+
+// object pins a library the process loaded to its addresses, or unpins
+// one it is unloading: its stacks may be named after it is gone.
+func (c *Converter) object(r *hooktraceObject) {
+	p := c.proc(r.Pid)
+	if r.Gone != 0 {
+		p.sym.Unpin(r.Base)
+		return
+	}
+	n := min(int(r.Len), len(r.Path))
+	path := make([]byte, n)
+	for i := range path {
+		path[i] = byte(r.Path[i])
+	}
+	if err := p.sym.Pin(r.Base, string(path)); err != nil && c.warn != nil {
+		c.warn(fmt.Sprintf("pid %d loaded %s, whose code cannot be named: %v", r.Pid, path, err))
+	}
 }
 
 func (c *Converter) stack(r *hooktraceStack) error {

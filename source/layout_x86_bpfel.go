@@ -29,13 +29,25 @@ type hooktraceEvent struct {
 	Stack uint64
 }
 
+type hooktraceObject struct {
+	_    structs.HostLayout
+	Type uint32
+	Pid  uint32
+	Time uint64
+	Base uint64
+	Gone uint32
+	Len  uint32
+	Path [256]int8
+}
+
 type hooktraceRecType uint32
 
 const (
 	hooktraceRecTypeREC_EVENT  hooktraceRecType = 1
 	hooktraceRecTypeREC_STACK  hooktraceRecType = 2
 	hooktraceRecTypeREC_SAMPLE hooktraceRecType = 3
-	hooktraceRecTypeREC_SLOTS  hooktraceRecType = 4
+	hooktraceRecTypeREC_OBJECT hooktraceRecType = 4
+	hooktraceRecTypeREC_SLOTS  hooktraceRecType = 5
 )
 
 type hooktraceSample struct {
@@ -116,6 +128,7 @@ type hooktraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceVariableSpecs struct {
 	UnusedEvent   *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedObject  *ebpf.VariableSpec `ebpf:"unused_object"`
 	UnusedRecType *ebpf.VariableSpec `ebpf:"unused_rec_type"`
 	UnusedSample  *ebpf.VariableSpec `ebpf:"unused_sample"`
 	UnusedStack   *ebpf.VariableSpec `ebpf:"unused_stack"`
@@ -152,6 +165,7 @@ func (m *hooktraceMaps) Close() error {
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktraceVariables struct {
 	UnusedEvent   *ebpf.Variable `ebpf:"unused_event"`
+	UnusedObject  *ebpf.Variable `ebpf:"unused_object"`
 	UnusedRecType *ebpf.Variable `ebpf:"unused_rec_type"`
 	UnusedSample  *ebpf.Variable `ebpf:"unused_sample"`
 	UnusedStack   *ebpf.Variable `ebpf:"unused_stack"`

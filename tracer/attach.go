@@ -137,3 +137,59 @@ func userField(idx int) uint32 {
 	}
 	return uint32(idx)
 }
+
+// attachLoaderCalls places the probes that tell the converter which
+// library the process loaded where: the results of dlopen and dlmopen and
+// the argument of dlclose, in each object of the plan that defines them
+// (libc since glibc 2.34, libdl before). Stacks are named behind the
+// process; with these, a library it unloaded by then keeps its names.
+// dlopen's return probe is one trap for each library loaded.
+func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, placed map[string]bool, warn func(string)) []link.Link {
+	var links []link.Link
+	seen := map[string]bool{}
+	for i := range plan {
+		s := &plan[i]
+		if s.Obj == nil || seen[s.Object] {
+			continue
+		}
+		seen[s.Object] = true
+		for _, c := range []struct {
+			name string
+			ret  bool
+		}{{"dlopen", true}, {"dlmopen", true}, {"dlclose", false}} {
+			sym, err := s.Obj.Func(c.name)
+			if err != nil {
+				continue
+			}
+			id := fmt.Sprintf("%d:%s:%x:loader", pid, s.Object, sym.Offset)
+			if placed[id] {
+				continue
+			}
+			ex, err := link.OpenExecutable(s.File)
+			if err != nil {
+				warn(fmt.Sprintf("opening %s for its %s: %v", s.Object, c.name, err))
+				continue
+			}
+			opts := &link.UprobeOptions{Address: sym.Offset, PID: pid}
+			var ls []link.Link
+			var l link.Link
+			if c.ret {
+				// The entry first: it counts the return probe pending.
+				if l, err = ex.Uprobe(c.name, objs.UprobeDlopen, opts); err == nil {
+					ls = append(ls, l)
+					l, err = ex.Uretprobe(c.name, objs.UretprobeDlopen, opts)
+				}
+			} else {
+				l, err = ex.Uprobe(c.name, objs.UprobeDlclose, opts)
+			}
+			if err == nil {
+				ls = append(ls, l)
+			} else {
+				warn(fmt.Sprintf("probing %s in %s: %v (stacks of a library unloaded early may be misnamed)", c.name, s.Object, err))
+			}
+			placed[id] = true
+			links = append(links, ls...)
+		}
+	}
+	return links
+}

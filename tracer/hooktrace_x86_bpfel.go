@@ -95,6 +95,7 @@ const (
 	hooktraceLimitsSCAN_SLOTS   hooktraceLimits = 512
 	hooktraceLimitsMAX_HELD     hooktraceLimits = 8
 	hooktraceLimitsFREE_PAGES   hooktraceLimits = 4
+	hooktraceLimitsOBJECT_PATH  hooktraceLimits = 256
 )
 
 type hooktraceOp uint32
@@ -160,7 +161,8 @@ const (
 	hooktraceRecTypeREC_EVENT  hooktraceRecType = 1
 	hooktraceRecTypeREC_STACK  hooktraceRecType = 2
 	hooktraceRecTypeREC_SAMPLE hooktraceRecType = 3
-	hooktraceRecTypeREC_SLOTS  hooktraceRecType = 4
+	hooktraceRecTypeREC_OBJECT hooktraceRecType = 4
+	hooktraceRecTypeREC_SLOTS  hooktraceRecType = 5
 )
 
 type hooktraceSample struct {
@@ -282,8 +284,11 @@ type hooktraceProgramSpecs struct {
 	SchedExit       *ebpf.ProgramSpec `ebpf:"sched_exit"`
 	SchedFork       *ebpf.ProgramSpec `ebpf:"sched_fork"`
 	SysEnter        *ebpf.ProgramSpec `ebpf:"sys_enter"`
+	UprobeDlclose   *ebpf.ProgramSpec `ebpf:"uprobe_dlclose"`
+	UprobeDlopen    *ebpf.ProgramSpec `ebpf:"uprobe_dlopen"`
 	UprobeHook      *ebpf.ProgramSpec `ebpf:"uprobe_hook"`
 	UprobeShimReady *ebpf.ProgramSpec `ebpf:"uprobe_shim_ready"`
+	UretprobeDlopen *ebpf.ProgramSpec `ebpf:"uretprobe_dlopen"`
 	UretprobeHook   *ebpf.ProgramSpec `ebpf:"uretprobe_hook"`
 }
 
@@ -325,6 +330,7 @@ type hooktraceVariableSpecs struct {
 	UnusedEventFlag      *ebpf.VariableSpec `ebpf:"unused_event_flag"`
 	UnusedGlibcLayout    *ebpf.VariableSpec `ebpf:"unused_glibc_layout"`
 	UnusedLimits         *ebpf.VariableSpec `ebpf:"unused_limits"`
+	UnusedObject         *ebpf.VariableSpec `ebpf:"unused_object"`
 	UnusedOp             *ebpf.VariableSpec `ebpf:"unused_op"`
 	UnusedRecType        *ebpf.VariableSpec `ebpf:"unused_rec_type"`
 	UnusedSample         *ebpf.VariableSpec `ebpf:"unused_sample"`
@@ -409,6 +415,7 @@ type hooktraceVariables struct {
 	UnusedEventFlag      *ebpf.Variable `ebpf:"unused_event_flag"`
 	UnusedGlibcLayout    *ebpf.Variable `ebpf:"unused_glibc_layout"`
 	UnusedLimits         *ebpf.Variable `ebpf:"unused_limits"`
+	UnusedObject         *ebpf.Variable `ebpf:"unused_object"`
 	UnusedOp             *ebpf.Variable `ebpf:"unused_op"`
 	UnusedRecType        *ebpf.Variable `ebpf:"unused_rec_type"`
 	UnusedSample         *ebpf.Variable `ebpf:"unused_sample"`
@@ -426,8 +433,11 @@ type hooktracePrograms struct {
 	SchedExit       *ebpf.Program `ebpf:"sched_exit"`
 	SchedFork       *ebpf.Program `ebpf:"sched_fork"`
 	SysEnter        *ebpf.Program `ebpf:"sys_enter"`
+	UprobeDlclose   *ebpf.Program `ebpf:"uprobe_dlclose"`
+	UprobeDlopen    *ebpf.Program `ebpf:"uprobe_dlopen"`
 	UprobeHook      *ebpf.Program `ebpf:"uprobe_hook"`
 	UprobeShimReady *ebpf.Program `ebpf:"uprobe_shim_ready"`
+	UretprobeDlopen *ebpf.Program `ebpf:"uretprobe_dlopen"`
 	UretprobeHook   *ebpf.Program `ebpf:"uretprobe_hook"`
 }
 
@@ -437,8 +447,11 @@ func (p *hooktracePrograms) Close() error {
 		p.SchedExit,
 		p.SchedFork,
 		p.SysEnter,
+		p.UprobeDlclose,
+		p.UprobeDlopen,
 		p.UprobeHook,
 		p.UprobeShimReady,
+		p.UretprobeDlopen,
 		p.UretprobeHook,
 	)
 }

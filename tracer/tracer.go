@@ -28,6 +28,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 // Errors a user can hit, for distinct exit codes.
@@ -248,6 +249,14 @@ func (t *Tracer) place(pid int, exe string) error {
 		t.placed = map[string]bool{}
 	}
 	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.placed, t.opts.Warn)
+	// Return probes corrupt Go's moving stacks (see PlanSites).
+	exePath := exe
+	if exePath == "" {
+		exePath = fmt.Sprintf("/proc/%d/exe", pid)
+	}
+	if !symbolize.ExeIsGo(exePath) {
+		links = append(links, attachLoaderCalls(pid, plan, &t.objs, t.placed, t.opts.Warn)...)
+	}
 	t.mu.Lock()
 	if t.closed {
 		// Tracing ended while these were placed.

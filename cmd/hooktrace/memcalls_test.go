@@ -150,7 +150,9 @@ func TestPreloadProbeInDlopenedLibrary(t *testing.T) {
 // eBPF probe remembers, per thread, which probe fired at an address
 // (code_epoch ends that memory when code is unmapped or mapped): kept
 // across the swap, it would name the second library's calls after the
-// first one's function.
+// first one's function. And each library's lock calls are named after its
+// own function: the stacks are named after both libraries came and went,
+// from what dlopen said was loaded where.
 func TestProbeWhereAnotherLibraryWas(t *testing.T) {
 	src := filepath.Join(testenv.RepoRoot(t), "testdata", "plugin.c")
 	flags := append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")
@@ -163,7 +165,7 @@ func TestProbeWhereAnotherLibraryWas(t *testing.T) {
 				testenv.RequireBPF(t)
 			}
 			trace := filepath.Join(t.TempDir(), "swap.htr")
-			_, stdout, stderr, code := runJSON(t, "--recorder", recorder, "--fail-on", "none", "-o", trace,
+			_, stdout, stderr, code := runJSON(t, "--recorder", recorder, "--mode", "full", "--fail-on", "none", "-o", trace,
 				"--probe", "plugin_step@"+one, "--probe", "plugin_stop@"+two, "--", prog, one, "swap", two)
 			if code != 0 {
 				t.Fatalf("exit %d\n%s", code, stderr)
@@ -173,15 +175,25 @@ func TestProbeWhereAnotherLibraryWas(t *testing.T) {
 			if !strings.Contains(stdout, "same address") {
 				t.Fatalf("the second library was not loaded where the first was: %q", stdout)
 			}
-			evs, _, r := readTrace(t, trace)
-			entered := map[string]int{}
+			evs, stacks, r := readTrace(t, trace)
+			entered, lockedIn := map[string]int{}, map[string]int{}
 			for _, e := range evs {
 				if e.Op == events.OpProbeEnter && int(e.Arg) < len(r.Header().UserProbes) {
 					entered[r.Header().UserProbes[e.Arg]]++
 				}
+				if st := stacks[e.Stack]; e.Op == events.OpMutexLock && st != nil {
+					for _, f := range st.Frames {
+						if strings.HasPrefix(f.Function, "plugin_") {
+							lockedIn[f.Function]++
+						}
+					}
+				}
 			}
 			if entered["plugin_step@"+one] != 3 || entered["plugin_stop@"+two] != 3 {
 				t.Errorf("probe entries %v: want 3 of each", entered)
+			}
+			if lockedIn["plugin_step"] != 3 || lockedIn["plugin_stop"] != 3 {
+				t.Errorf("lock calls in %v: want 3 in each library's function", lockedIn)
 			}
 		})
 	}

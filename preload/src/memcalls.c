@@ -340,6 +340,27 @@ __attribute__((used, visibility("hidden"))) __u64 dl_gadget(__u64 caller)
 	return gs.found;
 }
 
+/* Records the library a loader handle (struct link_map *) names: loaded,
+ * or about to be unloaded. hooktrace names stacks behind the process, and
+ * a library unloaded by then may have another one in its place. */
+static void send_object(void *h, __u32 gone)
+{
+	const struct link_map *lm = h;
+	if (!lm || !lm->l_name || !lm->l_name[0])
+		return;
+	struct object r;
+	memset(&r, 0, sizeof(r));
+	r.type = REC_OBJECT;
+	r.pid = my_pid;
+	r.time = now();
+	r.base = lm->l_addr;
+	r.gone = gone;
+	size_t n = strnlen(lm->l_name, sizeof(r.path) - 1);
+	memcpy(r.path, lm->l_name, n);
+	r.len = (__u32)n;
+	ring_output(&r, sizeof(r), REC_OBJECT);
+}
+
 __attribute__((used, visibility("hidden"))) void dl_loaded(void *h)
 {
 	if (!h)
@@ -347,10 +368,26 @@ __attribute__((used, visibility("hidden"))) void dl_loaded(void *h)
 	int saved = errno;
 	struct tstate *t = enter();
 	if (t) {
+		send_object(h, 0);
 		instrument_objects();
 		leave(t);
 	}
 	errno = saved;
+}
+
+/* dlclose: the library is recorded as going before anything is unmapped. */
+EXPORT int dlclose(void *h)
+{
+	if (!real.dlclose)
+		resolve_real();
+	int saved = errno;
+	struct tstate *t = enter();
+	if (t) {
+		send_object(h, 1);
+		leave(t);
+	}
+	errno = saved;
+	return real.dlclose(h);
 }
 
 /* The stubs: keep the arguments (dlmopen has three), find the gadget, and

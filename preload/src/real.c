@@ -62,6 +62,7 @@ static struct {
 	void *(*sbrk)(intptr_t);
 	void *(*dlopen)(const char *, int);
 	void *(*dlmopen)(Lmid_t, const char *, int);
+	int (*dlclose)(void *);
 } real;
 
 /* dlsym may call calloc (for its error state) before the real allocator is
@@ -152,6 +153,7 @@ static void resolve_real(void)
 	RESOLVE(sbrk, "sbrk");
 	RESOLVE(dlopen, "dlopen");
 	RESOLVE(dlmopen, "dlmopen");
+	RESOLVE(dlclose, "dlclose");
 	resolving = 0;
 	*(int *)tstate_self() = guard;
 	errno = saved;

@@ -8,4 +8,5 @@
 const struct event *unused_event __attribute__((unused));
 const struct stack *unused_stack __attribute__((unused));
 const struct sample *unused_sample __attribute__((unused));
+const struct object *unused_object __attribute__((unused));
 const enum rec_type *unused_rec_type __attribute__((unused));
