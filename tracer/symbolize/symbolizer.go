@@ -202,6 +202,12 @@ func (s *Symbolizer) refresh() error {
 // taken behind the process, and a library it unloaded by then may have
 // another one in its place, or nothing.
 func (s *Symbolizer) Pin(base uint64, path string) error {
+	if !filepath.IsAbs(path) {
+		// dlopen("./libx.so"): the loader keeps the name it was given.
+		if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", s.pid)); err == nil {
+			path = filepath.Join(cwd, path)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// The file the process mapped, while it maps it: the path may name
