@@ -1333,13 +1333,19 @@ static __always_inline void send_object(__u64 handle, __u32 gone)
 	bpf_ringbuf_submit(r, ring_flags());
 }
 
-/* dlopen's and dlmopen's entry: their return probe swaps the return
- * address, so the frame-pointer walks of the calls made inside (the
- * library's constructors) go through the kernel's unwinder, which puts it
- * back (see thread_state.uret_pending). */
-SEC("uprobe")
-int uprobe_dlopen(struct pt_regs *ctx)
+/* The loader's entry points, told apart by the cookie (one link for all):
+ * dlclose's (1) sends its argument before anything is unmapped; dlopen's
+ * and dlmopen's (0) count their return probe as pending, since it swaps
+ * the return address, so the frame-pointer walks of the calls made inside
+ * (the library's constructors) go through the kernel's unwinder, which
+ * puts it back (see thread_state.uret_pending). */
+SEC("uprobe.multi")
+int uprobe_loader(struct pt_regs *ctx)
 {
+	if (bpf_get_attach_cookie(ctx)) {
+		send_object(PT_REGS_PARM1(ctx), 1);
+		return 0;
+	}
 	struct thread_state *st = thread_get();
 	if (st)
 		st->uret_pending++;
@@ -1348,21 +1354,13 @@ int uprobe_dlopen(struct pt_regs *ctx)
 
 /* dlopen's and dlmopen's result: the library is mapped, its constructors
  * have run. */
-SEC("uretprobe")
+SEC("uretprobe.multi")
 int uretprobe_dlopen(struct pt_regs *ctx)
 {
 	struct thread_state *st = thread_find();
 	if (st && st->uret_pending)
 		st->uret_pending--;
 	send_object(PT_REGS_RC(ctx), 0);
-	return 0;
-}
-
-/* dlclose's argument, before anything is unmapped. */
-SEC("uprobe")
-int uprobe_dlclose(struct pt_regs *ctx)
-{
-	send_object(PT_REGS_PARM1(ctx), 1);
 	return 0;
 }
 

@@ -143,7 +143,9 @@ func userField(idx int) uint32 {
 // the argument of dlclose, in each object of the plan that defines them
 // (libc since glibc 2.34, libdl before). Stacks are named behind the
 // process; with these, a library it unloaded by then keeps its names.
-// dlopen's return probe is one trap for each library loaded.
+// dlopen's return probe is one trap more for each library loaded. Two
+// links an object, as attachPlan's batches: each link's removal waits for
+// a grace period.
 func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, placed map[string]bool, warn func(string)) []link.Link {
 	var links []link.Link
 	seen := map[string]bool{}
@@ -153,10 +155,11 @@ func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, plac
 			continue
 		}
 		seen[s.Object] = true
+		var entries, cookies, returns []uint64
 		for _, c := range []struct {
-			name string
-			ret  bool
-		}{{"dlopen", true}, {"dlmopen", true}, {"dlclose", false}} {
+			name   string
+			closes bool
+		}{{"dlopen", false}, {"dlmopen", false}, {"dlclose", true}} {
 			sym, err := s.Obj.Func(c.name)
 			if err != nil {
 				continue
@@ -165,30 +168,36 @@ func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, plac
 			if placed[id] {
 				continue
 			}
-			ex, err := link.OpenExecutable(s.File)
-			if err != nil {
-				warn(fmt.Sprintf("opening %s for its %s: %v", s.Object, c.name, err))
-				continue
-			}
-			opts := &link.UprobeOptions{Address: sym.Offset, PID: pid}
-			var ls []link.Link
-			var l link.Link
-			if c.ret {
-				// The entry first: it counts the return probe pending.
-				if l, err = ex.Uprobe(c.name, objs.UprobeDlopen, opts); err == nil {
-					ls = append(ls, l)
-					l, err = ex.Uretprobe(c.name, objs.UretprobeDlopen, opts)
-				}
-			} else {
-				l, err = ex.Uprobe(c.name, objs.UprobeDlclose, opts)
-			}
-			if err == nil {
-				ls = append(ls, l)
-			} else {
-				warn(fmt.Sprintf("probing %s in %s: %v (stacks of a library unloaded early may be misnamed)", c.name, s.Object, err))
-			}
 			placed[id] = true
-			links = append(links, ls...)
+			entries = append(entries, sym.Offset)
+			if c.closes {
+				cookies = append(cookies, 1)
+			} else {
+				cookies = append(cookies, 0)
+				returns = append(returns, sym.Offset)
+			}
+		}
+		if len(entries) == 0 {
+			continue
+		}
+		ex, err := link.OpenExecutable(s.File)
+		if err != nil {
+			warn(fmt.Sprintf("opening %s for its loader calls: %v", s.Object, err))
+			continue
+		}
+		// The entries first: dlopen's counts its return probe as pending.
+		l, err := ex.UprobeMulti(nil, objs.UprobeLoader, &link.UprobeMultiOptions{Addresses: entries, Cookies: cookies, PID: uint32(pid)})
+		if err == nil {
+			links = append(links, l)
+			if len(returns) > 0 {
+				l, err = ex.UretprobeMulti(nil, objs.UretprobeDlopen, &link.UprobeMultiOptions{Addresses: returns, PID: uint32(pid)})
+				if err == nil {
+					links = append(links, l)
+				}
+			}
+		}
+		if err != nil {
+			warn(fmt.Sprintf("probing the loader calls in %s: %v (stacks of a library unloaded early may be misnamed)", s.Object, err))
 		}
 	}
 	return links

@@ -284,9 +284,8 @@ type hooktraceProgramSpecs struct {
 	SchedExit       *ebpf.ProgramSpec `ebpf:"sched_exit"`
 	SchedFork       *ebpf.ProgramSpec `ebpf:"sched_fork"`
 	SysEnter        *ebpf.ProgramSpec `ebpf:"sys_enter"`
-	UprobeDlclose   *ebpf.ProgramSpec `ebpf:"uprobe_dlclose"`
-	UprobeDlopen    *ebpf.ProgramSpec `ebpf:"uprobe_dlopen"`
 	UprobeHook      *ebpf.ProgramSpec `ebpf:"uprobe_hook"`
+	UprobeLoader    *ebpf.ProgramSpec `ebpf:"uprobe_loader"`
 	UprobeShimReady *ebpf.ProgramSpec `ebpf:"uprobe_shim_ready"`
 	UretprobeDlopen *ebpf.ProgramSpec `ebpf:"uretprobe_dlopen"`
 	UretprobeHook   *ebpf.ProgramSpec `ebpf:"uretprobe_hook"`
@@ -433,9 +432,8 @@ type hooktracePrograms struct {
 	SchedExit       *ebpf.Program `ebpf:"sched_exit"`
 	SchedFork       *ebpf.Program `ebpf:"sched_fork"`
 	SysEnter        *ebpf.Program `ebpf:"sys_enter"`
-	UprobeDlclose   *ebpf.Program `ebpf:"uprobe_dlclose"`
-	UprobeDlopen    *ebpf.Program `ebpf:"uprobe_dlopen"`
 	UprobeHook      *ebpf.Program `ebpf:"uprobe_hook"`
+	UprobeLoader    *ebpf.Program `ebpf:"uprobe_loader"`
 	UprobeShimReady *ebpf.Program `ebpf:"uprobe_shim_ready"`
 	UretprobeDlopen *ebpf.Program `ebpf:"uretprobe_dlopen"`
 	UretprobeHook   *ebpf.Program `ebpf:"uretprobe_hook"`
@@ -447,9 +445,8 @@ func (p *hooktracePrograms) Close() error {
 		p.SchedExit,
 		p.SchedFork,
 		p.SysEnter,
-		p.UprobeDlclose,
-		p.UprobeDlopen,
 		p.UprobeHook,
+		p.UprobeLoader,
 		p.UprobeShimReady,
 		p.UretprobeDlopen,
 		p.UretprobeHook,

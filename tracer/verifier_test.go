@@ -40,7 +40,7 @@ func TestVerifierHeadroom(t *testing.T) {
 		for name, p := range map[string]*ebpf.Program{
 			"uprobe_hook": objs.UprobeHook, "uretprobe_hook": objs.UretprobeHook, "sys_enter": objs.SysEnter,
 			"sched_fork": objs.SchedFork, "sched_exit": objs.SchedExit, "sched_exec": objs.SchedExec,
-			"uprobe_dlopen": objs.UprobeDlopen, "uretprobe_dlopen": objs.UretprobeDlopen, "uprobe_dlclose": objs.UprobeDlclose,
+			"uprobe_loader": objs.UprobeLoader, "uretprobe_dlopen": objs.UretprobeDlopen,
 		} {
 			m := processed.FindStringSubmatch(p.VerifierLog)
 			if m == nil {
