@@ -829,8 +829,6 @@ static __always_inline __u64 pattern_key(struct thread_state *st, __u32 pid, __u
 	return h;
 }
 
-/* Sends the acquisitions of held locks that were only counted: something
- * new is about to be sent, and the analysis must know what is held. */
 /* Sends the acquisition of h, the i-th lock held, in thread id's name,
  * at its own time if it has one; returns the lock's kind. */
 static __always_inline __u32 send_held(const struct held_lock *h, __u32 i, __u64 id)
@@ -847,6 +845,8 @@ static __always_inline __u32 send_held(const struct held_lock *h, __u32 i, __u64
 	return e.arg;
 }
 
+/* Sends the acquisitions of held locks that were only counted: something
+ * new is about to be sent, and the analysis must know what is held. */
 static __always_inline void flush_held(struct thread_state *st, __u64 id)
 {
 	for (__u32 i = 0; i < MAX_HELD; i++) {
