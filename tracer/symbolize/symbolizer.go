@@ -223,14 +223,10 @@ func (s *Symbolizer) Pin(base uint64, path string) error {
 			return err
 		}
 	}
-	var dev, ino uint64
-	for _, name := range []string{fmt.Sprintf("/proc/%d/root%s", s.pid, path), path} {
-		if fi, err := os.Stat(name); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				dev, ino = st.Dev, st.Ino
-				break
-			}
-		}
+	// The identity of the file read, which the path may no longer name.
+	var key fileKey
+	if f, ok := o.r.(*os.File); ok {
+		_, key, _ = fileIdentity(f)
 	}
 	page := uint64(os.Getpagesize())
 	var p pinned
@@ -243,9 +239,9 @@ func (s *Symbolizer) Pin(base uint64, path string) error {
 			End:    (base + l.Vaddr + l.Memsz + page - 1) &^ (page - 1),
 			Perms:  "r-xp",
 			Offset: l.Off &^ (page - 1),
-			Major:  unix.Major(dev),
-			Minor:  unix.Minor(dev),
-			Inode:  max(ino, 1),
+			Major:  unix.Major(key.dev),
+			Minor:  unix.Minor(key.dev),
+			Inode:  max(key.ino, 1),
 			Path:   path,
 		}
 		if bias, ok := o.bias(m); ok {
