@@ -375,19 +375,65 @@ __attribute__((used, visibility("hidden"))) void dl_loaded(void *h)
 	errno = saved;
 }
 
-/* dlclose: the library is recorded as going before anything is unmapped. */
+/* The pages of the object loaded at base, as the loader unmaps them. */
+struct object_extent {
+	__u64 base, lo, hi;
+};
+
+static int find_extent(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct object_extent *x = data;
+	if (info->dlpi_addr != x->base)
+		return 0;
+	__u64 page = (__u64)getpagesize();
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD)
+			continue;
+		__u64 lo = (x->base + ph->p_vaddr) & ~(page - 1), hi = (x->base + ph->p_vaddr + ph->p_memsz + page - 1) & ~(page - 1);
+		if (!x->hi || lo < x->lo)
+			x->lo = lo;
+		if (hi > x->hi)
+			x->hi = hi;
+	}
+	return 1;
+}
+
+/* dlclose: the library is recorded as going before anything is unmapped.
+ * If it is unloaded, the loader unmaps it with one munmap, inside libc
+ * where no wrapper sees it: it is recorded here instead (or, under the
+ * kernel's tracepoint, only ends the chain cache's patterns, as
+ * wrap_munmap does), so that the locks in its data end there too. */
 EXPORT int dlclose(void *h)
 {
 	if (!real.dlclose)
 		resolve_real();
 	int saved = errno;
+	struct object_extent x = {0, 0, 0};
 	struct tstate *t = enter();
 	if (t) {
 		send_object(h, 1);
+		const struct link_map *lm = h; /* declared nonnull, not always so */
+		if (lm) {
+			x.base = lm->l_addr;
+			dl_iterate_phdr(find_extent, &x);
+		}
 		leave(t);
 	}
 	errno = saved;
-	return real.dlclose(h);
+	int r = real.dlclose(h);
+	struct object_extent after = {x.base, 0, 0};
+	if (x.hi > x.lo && !dl_iterate_phdr(find_extent, &after)) {
+		saved = errno;
+		if (cfg_flags & SHM_F_SYSCALLS) {
+			lifetime_changed();
+		} else if ((t = enter_op(OP_MUNMAP))) {
+			rec_unmap(t, OP_MUNMAP, x.lo, x.hi - x.lo, 0, (__u64)real.dlclose, FRAME);
+			leave(t);
+		}
+		errno = saved;
+	}
+	return r;
 }
 
 /* The stubs: keep the arguments (dlmopen has three), find the gadget, and
