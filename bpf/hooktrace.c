@@ -11,6 +11,7 @@
 #include <asm/unistd_64.h>
 #include <asm-generic/mman-common.h>
 #include "hooktrace.h"
+#include "stackword.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -146,6 +147,7 @@ struct thread_state {
 	 * the kernel (bpf_get_attach_cookie) is a helper call, about 12 ns of
 	 * a hit's 200 here, and a hot loop hits the same few probes. */
 	struct site_cookie sites[SITE_CACHE];
+	struct stack_page stack_page; /* where stack_word finds the thread's stack */
 };
 
 /* Acquisition patterns already sent, lockdep's chain cache: (lock, locks
@@ -474,16 +476,14 @@ static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
  * User space confirms with the unwound stack. */
 static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp)
 {
-	if (!st->alloc_sp)
+	if (!st->alloc_sp || !st->alloc_ret)
 		return 0;
-	__u64 v = 0;
 	/* A call made inside the allocator call has its return slot below
 	 * the allocator's: a probe passes its own return slot as sp, so the
 	 * next call from the same frame (the usual case: malloc, then free,
 	 * then a lock) is told apart without reading the stack. */
-	if (sp >= st->alloc_sp ||
-	    bpf_probe_read_user(&v, sizeof(v), (void *)st->alloc_sp) ||
-	    v != st->alloc_ret || !alloc_frame_between(pid, sp, st->alloc_sp)) {
+	if (sp >= st->alloc_sp || stack_word(&st->stack_page, st->alloc_sp) != st->alloc_ret ||
+	    !alloc_frame_between(pid, sp, st->alloc_sp)) {
 		st->alloc_sp = 0;
 		return 0;
 	}
@@ -945,8 +945,7 @@ static __always_inline int may_hold(struct thread_state *st, __u64 lock)
  * spins forever on its own lock: that second call is missed. */
 static __always_inline int refired(struct thread_state *st, __u64 lock, __u64 sp, __u64 ret_slot)
 {
-	__u64 ret = 0;
-	bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
+	__u64 ret = stack_word(&st->stack_page, ret_slot);
 	if (st->refire_lock == lock && st->refire_sp == sp && st->refire_ret == ret && may_hold(st, lock))
 		return 1;
 	st->refire_lock = lock;
@@ -1043,11 +1042,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		if (!nested) {
 			st->alloc_seq++;
 			st->alloc_sp = ret_slot;
-			/* Into the stack, then the map: a copy into map memory pays
-			 * the kernel's heap-object checks on every call. */
-			__u64 ret = 0;
-			bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot);
-			st->alloc_ret = ret;
+			st->alloc_ret = stack_word(&st->stack_page, ret_slot);
 			st->alloc_op = op;
 		}
 		int covers = 0;
@@ -1172,7 +1167,9 @@ int uprobe_hook(struct pt_regs *ctx)
 		__u64 key = 0;
 		if (dedupable(st) && st->nheld < MAX_HELD && !in_alloc(st, id >> 32, ret_slot)) {
 			/* As lockdep's chain key: the lock and what is held, not
-			 * the call site (its read would cost as much as the rest). */
+			 * the call site (the lock graph's edges do not depend on
+			 * it, and a lock taken from many places would be sent
+			 * once for each). */
 			key = pattern_key(st, id >> 32, op, lock, 0);
 			__u64 known = pattern_seen(st, key);
 			if (known) {
@@ -1579,6 +1576,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	if (st) {
 		st->range_pid = 0;
 		st->alloc_sp = 0;
+		st->stack_page.entry_at = 0; /* the old image's page tables */
 		st->pid_tgid = id;
 		st->nheld = 0;
 		st->held = 0;

@@ -53,13 +53,28 @@ struct vm_area_struct {
 	struct file *vm_file; /* NULL for anonymous memory (heap, stacks) */
 } __attribute__((preserve_access_index));
 
+/* The page directory, at its direct-map address (stackword.h). */
+typedef struct {
+	unsigned long pgd;
+} pgd_t;
+
+struct mm_struct {
+	pgd_t *pgd;
+} __attribute__((preserve_access_index));
+
+/* Any kernel struct that starts with a 64-bit integer: the type through
+ * which stackword.h loads a word of kernel memory. */
+struct timespec64 {
+	long long tv_sec;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int exit_code;
 	int pid;
 	int tgid;
 	struct signal_struct *signal;
 	struct thread_struct thread;
-	void *mm; /* a child that shares it shares its parent's memory */
+	struct mm_struct *mm; /* a child that shares it shares its parent's memory */
 } __attribute__((preserve_access_index));
 
 #endif

@@ -229,6 +229,14 @@ type hooktraceThreadState struct {
 		Cookie uint64
 		Epoch  uint64
 	}
+	StackPage struct {
+		_       structs.HostLayout
+		Vbase   uint64
+		Vmask   uint64
+		EntryAt uint64
+		Entry   uint64
+		Kbase   uint64
+	}
 }
 
 type hooktraceTraceState uint32
@@ -318,11 +326,16 @@ type hooktraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceVariableSpecs struct {
 	CodeEpoch            *ebpf.VariableSpec `ebpf:"code_epoch"`
+	DirectMap            *ebpf.VariableSpec `ebpf:"direct_map"`
 	FollowForks          *ebpf.VariableSpec `ebpf:"follow_forks"`
 	FullMode             *ebpf.VariableSpec `ebpf:"full_mode"`
 	LockEpoch            *ebpf.VariableSpec `ebpf:"lock_epoch"`
 	LockPageFilter       *ebpf.VariableSpec `ebpf:"lock_page_filter"`
 	LockPageTop          *ebpf.VariableSpec `ebpf:"lock_page_top"`
+	PhysAddrMask         *ebpf.VariableSpec `ebpf:"phys_addr_mask"`
+	PhysTop              *ebpf.VariableSpec `ebpf:"phys_top"`
+	StackMismatches      *ebpf.VariableSpec `ebpf:"stack_mismatches"`
+	StackWalks           *ebpf.VariableSpec `ebpf:"stack_walks"`
 	TracingOn            *ebpf.VariableSpec `ebpf:"tracing_on"`
 	UnusedCookieLayout   *ebpf.VariableSpec `ebpf:"unused_cookie_layout"`
 	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -403,11 +416,16 @@ func (m *hooktraceMaps) Close() error {
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktraceVariables struct {
 	CodeEpoch            *ebpf.Variable `ebpf:"code_epoch"`
+	DirectMap            *ebpf.Variable `ebpf:"direct_map"`
 	FollowForks          *ebpf.Variable `ebpf:"follow_forks"`
 	FullMode             *ebpf.Variable `ebpf:"full_mode"`
 	LockEpoch            *ebpf.Variable `ebpf:"lock_epoch"`
 	LockPageFilter       *ebpf.Variable `ebpf:"lock_page_filter"`
 	LockPageTop          *ebpf.Variable `ebpf:"lock_page_top"`
+	PhysAddrMask         *ebpf.Variable `ebpf:"phys_addr_mask"`
+	PhysTop              *ebpf.Variable `ebpf:"phys_top"`
+	StackMismatches      *ebpf.Variable `ebpf:"stack_mismatches"`
+	StackWalks           *ebpf.Variable `ebpf:"stack_walks"`
 	TracingOn            *ebpf.Variable `ebpf:"tracing_on"`
 	UnusedCookieLayout   *ebpf.Variable `ebpf:"unused_cookie_layout"`
 	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`

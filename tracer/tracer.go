@@ -101,6 +101,13 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
 		return nil, err
 	}
+	top, mask := directMapLimits()
+	if err := spec.Variables["phys_top"].Set(top); err != nil {
+		return nil, fmt.Errorf("setting phys_top: %w", err)
+	}
+	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
+		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
+	}
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
 	}
@@ -384,10 +391,14 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 // the ring stays to be read.
 func (t *Tracer) Stop() {
 	t.mu.Lock()
+	already := t.stopped
 	t.stopped = true
 	t.objs.TracingOn.Set(uint32(0))
 	t.mu.Unlock()
 	t.closeLinks()
+	if r := t.StackReads(); r.Mismatches > 0 && !already {
+		t.opts.Warn("reading stacks through the kernel's direct map gave a word bpf_probe_read_user did not: turned off, the probes ran slower from then on")
+	}
 }
 
 // ReadNow hands f each record the ring holds, without waiting and without

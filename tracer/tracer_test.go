@@ -124,3 +124,37 @@ func TestTracerSeesMallocsUnderLock(t *testing.T) {
 		t.Errorf("malloc(777) events: %d, want 10000", n)
 	}
 }
+
+// TestStacksReadThroughDirectMap: the probes read return addresses from
+// the threads' stack pages through the kernel's direct map, and each first
+// read of a page agrees with bpf_probe_read_user, while threads recurse
+// across pages and a fork write-protects every page under them.
+func TestStacksReadThroughDirectMap(t *testing.T) {
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "stackpages")
+	for _, mode := range []string{source.ModeAggregate, source.ModeFull} {
+		t.Run(mode, func(t *testing.T) {
+			_, tr := trace(t, source.Options{Mode: mode}, prog)
+			const threads, depth, rounds = 3, 24, 40
+			calls := tr.Calls()
+			if got, want := calls["malloc"], uint64(threads*depth*rounds); got != want {
+				t.Errorf("malloc calls: %d, want %d", got, want)
+			}
+			if got, want := calls["pthread_mutex_lock"], uint64(threads*depth*rounds); got < want {
+				t.Errorf("pthread_mutex_lock calls: %d, want at least %d", got, want)
+			}
+			r := tr.StackReads()
+			t.Logf("stack reads: %+v", r)
+			if !r.DirectMap {
+				t.Errorf("stacks were read with bpf_probe_read_user, not through the direct map (walks %d, mismatches %d)", r.Walks, r.Mismatches)
+			}
+			if r.Mismatches != 0 {
+				t.Errorf("%d direct reads disagreed with bpf_probe_read_user", r.Mismatches)
+			}
+			// Every thread's descent crosses several pages each round.
+			if r.Walks < threads*rounds {
+				t.Errorf("%d page walks, want at least %d: the threads' reads crossed pages", r.Walks, threads*rounds)
+			}
+		})
+	}
+}
