@@ -28,8 +28,9 @@
  * through the page tables lands on pgd's own physical page.
  *
  * Anything unexpected falls back to bpf_probe_read_user, as before: an
- * entry that is not present or changed, a machine with 5-level paging
- * (the tracer then passes phys_top 0), no candidate that fits. The first
+ * entry that is not present or changed, a word that is not 8-aligned, a
+ * machine with 5-level paging (the tracer then passes no address mask), no
+ * candidate that fits. The first
  * read of each page is also made with bpf_probe_read_user and compared,
  * and one disagreement turns the direct path off for every thread. */
 #ifndef STACKWORD_H
@@ -37,10 +38,8 @@
 
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
-/* Set by the tracer before load: the end of physical RAM (0: do not read
- * through the direct map) and the bits of a page-table entry that hold a
- * physical address. */
-const volatile __u64 phys_top = 0;
+/* Set by the tracer before load: the bits of a page-table entry that hold
+ * a physical address; 0 keeps every read on bpf_probe_read_user. */
 const volatile __u64 phys_addr_mask = 0;
 
 #define DIRECT_MAP_UNKNOWN 0
@@ -108,7 +107,7 @@ static long direct_map_candidate(__u32 k, void *ctx)
 	struct direct_map_search *s = ctx;
 	__u64 base = (s->pgd & ~((1ULL << 30) - 1)) - ((__u64)k << 30);
 	__u64 phys = s->pgd - base;
-	if (phys >= phys_top)
+	if (phys > phys_addr_mask)
 		return 1;
 	__u64 at = 0, e = 0, mask = 0;
 	if (page_walk(base, s->pgd, s->pgd, &at, &e, &mask))
@@ -127,7 +126,7 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
 		return -1;
 	sp->entry_at = 0;
 	__u64 base = direct_map;
-	if (base == DIRECT_MAP_OFF || !phys_top)
+	if (base == DIRECT_MAP_OFF || !phys_addr_mask || (va & 7))
 		return -1;
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 pgd = 0;
@@ -135,8 +134,9 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
 		return -1;
 	if (base == DIRECT_MAP_UNKNOWN) {
 		struct direct_map_search s = {pgd, DIRECT_MAP_OFF};
-		/* Up to 64 TiB of physical address space below pgd. */
-		bpf_loop(1 << 16, direct_map_candidate, &s, 0);
+		/* Every 1 GiB step of physical address space below pgd: the
+		 * first that fits is taken, within pgd's own offset in RAM. */
+		bpf_loop(1 << 23, direct_map_candidate, &s, 0);
 		base = s.base;
 		direct_map = base;
 		if (base == DIRECT_MAP_OFF)
@@ -167,7 +167,7 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
  * cannot be read, as bpf_probe_read_user leaves it. */
 static __always_inline __u64 stack_word(struct stack_page *sp, __u64 va)
 {
-	if (sp->entry_at && (va & sp->vmask) == sp->vbase &&
+	if (sp->entry_at && (va & sp->vmask) == sp->vbase && !(va & 7) &&
 	    (kernel_word(sp->entry_at) & ~PTE_ACCESSED_DIRTY) == sp->entry) {
 		__u64 v = kernel_word(sp->kbase + (va & ~sp->vmask));
 		if ((kernel_word(sp->entry_at) & ~PTE_ACCESSED_DIRTY) == sp->entry)

@@ -9,32 +9,20 @@ import (
 	"strings"
 )
 
-// directMapLimits is what the probes need to read the target's stack
+// physAddressMask is what the probes need to read the target's stack
 // through the kernel's direct map of physical memory (bpf/stackword.h):
-// where physical RAM ends, and which bits of a page-table entry hold a
-// physical address. Zeros turn that off, and every read goes through
-// bpf_probe_read_user: on a machine with 5-level paging (the probes walk
-// four levels), or when /proc does not say (its addresses read as 0
-// without CAP_SYS_ADMIN).
-func directMapLimits() (top, mask uint64) {
-	bits := physAddressBits("/proc/cpuinfo")
-	top = ramEnd("/proc/iomem")
-	if bits == 0 || top == 0 {
-		return 0, 0
-	}
-	return top, (uint64(1)<<bits - 1) &^ 0xfff
-}
-
-// physAddressBits reads the CPU's physical address width (as the kernel
-// set it: less the memory-encryption bits when those are on), or 0 when
-// the CPU pages with five levels.
-func physAddressBits(cpuinfo string) uint {
+// the bits of a page-table entry that hold a physical address, from the
+// CPU's physical address width as the kernel set it (less the
+// memory-encryption bits when those are on). 0 turns that off, and every
+// read goes through bpf_probe_read_user: on a CPU that pages with five
+// levels (the probes walk four), or when /proc/cpuinfo does not say.
+func physAddressMask(cpuinfo string) uint64 {
 	f, err := os.Open(cpuinfo)
 	if err != nil {
 		return 0
 	}
 	defer f.Close()
-	var bits uint
+	var bits uint64
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -50,38 +38,15 @@ func physAddressBits(cpuinfo string) uint {
 		case "address sizes":
 			// "48 bits physical, 48 bits virtual"
 			n, _, _ := strings.Cut(strings.TrimSpace(val), " ")
-			if b, err := strconv.ParseUint(n, 10, 8); err == nil && bits == 0 {
-				bits = uint(b)
+			if b, err := strconv.ParseUint(n, 10, 8); err == nil && bits == 0 && b > 12 && b <= 52 {
+				bits = b
 			}
 		}
 	}
-	return bits
-}
-
-// ramEnd is the end of the highest System RAM range in iomem.
-func ramEnd(iomem string) uint64 {
-	f, err := os.Open(iomem)
-	if err != nil {
+	if bits == 0 {
 		return 0
 	}
-	defer f.Close()
-	var end uint64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		span, name, ok := strings.Cut(line, " : ")
-		if !ok || name != "System RAM" || strings.HasPrefix(line, " ") {
-			continue
-		}
-		_, hi, ok := strings.Cut(span, "-")
-		if !ok {
-			continue
-		}
-		if v, err := strconv.ParseUint(hi, 16, 64); err == nil && v+1 > end {
-			end = v + 1
-		}
-	}
-	return end
+	return (uint64(1)<<bits - 1) &^ 0xfff
 }
 
 // StackReads is how the probes read the traced threads' stacks.

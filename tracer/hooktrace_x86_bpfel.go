@@ -333,7 +333,6 @@ type hooktraceVariableSpecs struct {
 	LockPageFilter       *ebpf.VariableSpec `ebpf:"lock_page_filter"`
 	LockPageTop          *ebpf.VariableSpec `ebpf:"lock_page_top"`
 	PhysAddrMask         *ebpf.VariableSpec `ebpf:"phys_addr_mask"`
-	PhysTop              *ebpf.VariableSpec `ebpf:"phys_top"`
 	StackMismatches      *ebpf.VariableSpec `ebpf:"stack_mismatches"`
 	StackWalks           *ebpf.VariableSpec `ebpf:"stack_walks"`
 	TracingOn            *ebpf.VariableSpec `ebpf:"tracing_on"`
@@ -423,7 +422,6 @@ type hooktraceVariables struct {
 	LockPageFilter       *ebpf.Variable `ebpf:"lock_page_filter"`
 	LockPageTop          *ebpf.Variable `ebpf:"lock_page_top"`
 	PhysAddrMask         *ebpf.Variable `ebpf:"phys_addr_mask"`
-	PhysTop              *ebpf.Variable `ebpf:"phys_top"`
 	StackMismatches      *ebpf.Variable `ebpf:"stack_mismatches"`
 	StackWalks           *ebpf.Variable `ebpf:"stack_walks"`
 	TracingOn            *ebpf.Variable `ebpf:"tracing_on"`

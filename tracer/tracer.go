@@ -101,11 +101,7 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
 		return nil, err
 	}
-	top, mask := directMapLimits()
-	if err := spec.Variables["phys_top"].Set(top); err != nil {
-		return nil, fmt.Errorf("setting phys_top: %w", err)
-	}
-	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
+	if err := spec.Variables["phys_addr_mask"].Set(physAddressMask("/proc/cpuinfo")); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
 	}
 	if opts.RingBytes > 0 {
