@@ -35,13 +35,11 @@ static void thread_init(struct tstate *t)
 /* The calling thread's state when it records, or NULL. Sets the guard. */
 static void exec_event(struct tstate *t);
 
-static struct tstate *enter(void)
+/* enter's first call in a process, after a fork, or on a new thread. */
+static __attribute__((noinline, cold)) struct tstate *enter_slow(struct tstate *t)
 {
-	struct tstate *t = &ts;
-	if (t->guard)
-		return NULL;
 	int first = 0;
-	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)) {
+	if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2) {
 		t->guard = 1;
 		first = init_process();
 		t->guard = 0;
@@ -53,10 +51,24 @@ static struct tstate *enter(void)
 	if (!active)
 		return NULL;
 	t->guard = 1;
-	if (unlikely(!t->inited))
+	if (!t->inited)
 		thread_init(t);
-	if (unlikely(first))
+	if (first)
 		exec_event(t);
+	return t;
+}
+
+/* Inlined into every interposer: one test of each flag on the way in. */
+static inline __attribute__((always_inline)) struct tstate *enter(void)
+{
+	struct tstate *t = &ts;
+	if (t->guard)
+		return NULL;
+	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2 || forking || !t->inited))
+		return enter_slow(t);
+	if (!active)
+		return NULL;
+	t->guard = 1;
 	return t;
 }
 
@@ -64,7 +76,7 @@ static struct tstate *enter(void)
  * the call is forwarded unrecorded, but counted when it is the target's:
  * a signal handler that interrupted the shim, not the shim's own
  * bootstrap. */
-static struct tstate *enter_op(__u32 op)
+static inline __attribute__((always_inline)) struct tstate *enter_op(__u32 op)
 {
 	struct tstate *t = &ts;
 	if (unlikely(t->guard)) {
@@ -277,7 +289,7 @@ static int held_pop(struct tstate *t, __u64 addr)
 
 /* The chain key: independent products the CPU multiplies in parallel,
  * then one finalizer, so that the low bits (the caches' index) mix all. */
-static __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
+static inline __attribute__((always_inline)) __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
 {
 	__u64 h = t->held_sum;
 	h += (lock ^ 0x9e3779b97f4a7c15ULL) * 0x94d049bb133111ebULL;
@@ -321,7 +333,7 @@ static void flush_held(struct tstate *t)
 
 /* The stack hash a pattern was sent with (bit 62 set, so never 0), or 0
  * when the pattern is new. */
-static __u64 pattern_seen(struct tstate *t, __u64 key)
+static inline __attribute__((always_inline)) __u64 pattern_seen(struct tstate *t, __u64 key)
 {
 	__u32 c = key & (PATTERN_CACHE - 1);
 	if (t->cache_key[c] == key)
@@ -383,35 +395,17 @@ static void mem_event(struct tstate *t, struct event *e, __u32 op, __u64 addr, _
 	alloc_context(t, e);
 }
 
-/* An allocator call's entry. Returns nothing: the call is made by the
- * interposer, inside alloc_depth. */
-static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
+/* An allocator call's event, once rec_alloc found it must be sent; key is
+ * its pattern, 0 when it is not one (nested, or a free that may end a
+ * lock's lifetime, or held locks that overflowed). Out of line, so that the
+ * call that is only counted pays no frame for the event. */
+static __attribute__((noinline)) void send_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr,
+						 __u64 size, __u64 arg, __u64 outer, __u64 key)
 {
-	count_call(t, op);
-	int nested = t->shared.alloc_depth > 0;
-	__u64 outer = t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16);
-	if (!nested) {
-		t->shared.alloc_seq++;
-		t->shared.alloc_op = op;
-		t->shared.alloc_sp = (__u64)&frame[1];
-	}
-	/* A free that may end a lock's lifetime is sent: the analysis ends
-	 * the locks in the chunk it names. */
-	int covers = 0;
-	if (!(cfg_flags & SHM_F_FULL) && !nested && op == OP_FREE && (covers = free_covers_lock(addr, size)))
-		lifetime_changed();
-	if (!(cfg_flags & SHM_F_FULL) && !nested && !covers && t->held <= 0)
-		return;
-	__u64 key = 0;
-	if (!nested && !covers && dedupable(t)) {
-		key = pattern_key(t, op, 0, frame[1]);
-		if (pattern_seen(t, key))
-			return;
-	}
 	flush_held(t);
 	struct event e;
 	event_init(&e, t, op);
-	if (nested) {
+	if (outer) {
 		e.flags |= F_IN_ALLOC;
 		e.addr2 = outer;
 	}
@@ -425,23 +419,52 @@ static void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 
 		pattern_sent(t, key, e.stack);
 }
 
-/* A blocking acquisition, recorded at entry as the BPF side does: a thread
- * that then blocks for good is seen waiting. */
-static void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
+/* An allocator call's entry. Returns nothing: the call is made by the
+ * interposer, inside alloc_depth. Inlined into each interposer: most calls
+ * are only counted. */
+static inline __attribute__((always_inline)) void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame,
+							    __u64 addr, __u64 size, __u64 arg)
 {
 	count_call(t, op);
-	__u64 key = 0;
-	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
-		key = pattern_key(t, op, lock, 0);
-		__u64 known = pattern_seen(t, key);
-		if (known) {
-			/* No clock read here (the vDSO's is a fifth of this path):
-			 * if the acquisition is ever sent, flush_held stamps it. */
-			held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
-			t->held++;
-			return;
-		}
+	if (t->shared.alloc_depth > 0) {
+		/* Nested: a hook the allocator ran allocates. alloc_op is never
+		 * 0 there, so outer is never 0. */
+		send_alloc(t, op, fn, frame, addr, size, arg,
+			   t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16), 0);
+		return;
 	}
+	t->shared.alloc_seq++;
+	t->shared.alloc_op = op;
+	t->shared.alloc_sp = (__u64)&frame[1];
+	if (cfg_flags & SHM_F_FULL) {
+		send_alloc(t, op, fn, frame, addr, size, arg, 0, 0);
+		return;
+	}
+	/* A free that may end a lock's lifetime is sent: the analysis ends
+	 * the locks in the chunk it names. */
+	if (op == OP_FREE && free_covers_lock(addr, size)) {
+		lifetime_changed();
+		send_alloc(t, op, fn, frame, addr, size, arg, 0, 0);
+		return;
+	}
+	if (t->held <= 0)
+		return;
+	__u64 key = 0;
+	if (dedupable(t)) {
+		key = pattern_key(t, op, 0, frame[1]);
+		if (pattern_seen(t, key))
+			return;
+	}
+	send_alloc(t, op, fn, frame, addr, size, arg, 0, key);
+}
+
+/* A blocking acquisition, recorded at entry as the BPF side does: a thread
+ * that then blocks for good is seen waiting. */
+/* An acquisition rec_acquire found new: sent with its stack. Out of line,
+ * as send_alloc. */
+static __attribute__((noinline)) void send_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame,
+						   __u64 key)
+{
 	flush_held(t);
 	struct event e;
 	event_init(&e, t, op);
@@ -459,20 +482,44 @@ static void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 
 		pattern_sent(t, key, e.stack);
 }
 
-static void rec_release(struct tstate *t, __u32 op, __u64 lock)
+static inline __attribute__((always_inline)) void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn,
+							      __u64 *frame)
 {
 	count_call(t, op);
-	int sent = held_pop(t, lock);
-	if (t->held > 0)
-		t->held--;
-	if (sent == 0)
-		return; /* its acquisition was only counted: so is its release */
+	__u64 key = 0;
+	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
+		key = pattern_key(t, op, lock, 0);
+		__u64 known = pattern_seen(t, key);
+		if (known) {
+			/* No clock read here (the vDSO's is a fifth of this path):
+			 * if the acquisition is ever sent, flush_held stamps it. */
+			held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
+			t->held++;
+			return;
+		}
+	}
+	send_acquire(t, op, lock, fn, frame, key);
+}
+
+/* A release whose acquisition was sent. */
+static __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, __u64 lock)
+{
 	struct event e;
 	event_init(&e, t, op);
 	e.addr = lock;
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
 	event_send(&e);
+}
+
+static inline __attribute__((always_inline)) void rec_release(struct tstate *t, __u32 op, __u64 lock)
+{
+	count_call(t, op);
+	int sent = held_pop(t, lock);
+	if (t->held > 0)
+		t->held--;
+	if (sent != 0)
+		send_release(t, op, lock); /* else its acquisition was only counted: so is its release */
 }
 
 /* A try, timed or clock acquisition's result (counted at entry). */
