@@ -175,7 +175,10 @@ struct page_key {
 	__u64 page;
 };
 
-/* What lock_pages says of a page. */
+/* What lock_pages says of a page: its kind in the low byte, and above it
+ * the code_epoch it was classified in. Static data stays static only while
+ * no mapping goes (code_epoch): a library's data page, unmapped with the
+ * library, may be the heap's next. */
 #define LOCK_PAGE_HEAP 1   /* a free may span it */
 #define LOCK_PAGE_STATIC 2 /* an object's static data: no free spans it */
 
@@ -183,7 +186,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct page_key);
-	__type(value, __u8);
+	__type(value, __u64);
 } lock_pages SEC(".maps");
 
 /* A filter in front of lock_pages, one bit per hash of (process, page),
@@ -217,17 +220,19 @@ static long vma_file_backed(struct task_struct *task, struct vm_area_struct *vma
 
 static __always_inline void lock_page_add(__u32 pid, __u64 lock)
 {
-	__u64 page = lock >> 12;
+	__u64 page = lock >> 12, epoch = code_epoch;
 	struct page_key k = {.pid = pid, .pad = 0, .page = page};
-	if (lock_page_maybe(pid, page) && bpf_map_lookup_elem(&lock_pages, &k))
+	__u64 *was = lock_page_maybe(pid, page) ? bpf_map_lookup_elem(&lock_pages, &k) : 0;
+	if (was && ((*was & 0xff) == LOCK_PAGE_HEAP || *was >> 8 == epoch))
 		return;
 	/* Static data (a file's mapping) is never a chunk's: free cannot end
 	 * a lock there. Unknown (the mappings' lock is taken) counts as heap.
-	 * Either is remembered, so the mappings are looked up once a page. */
+	 * Either is remembered, so the mappings are looked up once a page
+	 * (static data once a page and code_epoch). */
 	int file_backed = 0;
 	if (bpf_find_vma(bpf_get_current_task_btf(), lock, vma_file_backed, &file_backed, 0) != 0)
 		file_backed = 0;
-	__u8 kind = file_backed ? LOCK_PAGE_STATIC : LOCK_PAGE_HEAP;
+	__u64 kind = (file_backed ? LOCK_PAGE_STATIC : LOCK_PAGE_HEAP) | epoch << 8;
 	bpf_map_update_elem(&lock_pages, &k, &kind, BPF_ANY);
 	__u32 bit = lock_page_bit(pid, page);
 	__sync_fetch_and_or(&lock_page_filter[bit / 64], 1ULL << (bit % 64));
@@ -267,9 +272,10 @@ static __always_inline int free_covers_lock(__u32 pid, __u64 p)
 			break;
 		if (!lock_page_maybe(pid, first + i))
 			continue;
+		/* A page of static data that a free covers is no longer
+		 * static: it was unmapped, and the heap grew over it. */
 		struct page_key k = {.pid = pid, .pad = 0, .page = first + i};
-		__u8 *kind = bpf_map_lookup_elem(&lock_pages, &k);
-		if (kind && *kind == LOCK_PAGE_HEAP)
+		if (bpf_map_lookup_elem(&lock_pages, &k))
 			return 1;
 	}
 	return 0;

@@ -17,7 +17,12 @@
  *                  address; new zeroed c, d at a's and b's addresses; c -> d
  *                  (the very pattern a -> b was), then d -> c: a cycle
  *                  between the new mutexes, which only the munmap tells
- *                  from the old ones. */
+ *                  from the old ones.
+ *   reheaped:      a mutex in a file's mapping (static data, to a probe) at
+ *                  the page above the heap's end; the mapping unmapped, and
+ *                  the heap grown over that page; then as zeroed, with a
+ *                  and b in chunks on that page: no cycle, which only the
+ *                  frees tell. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -25,6 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 static volatile int shared;
 
@@ -170,6 +176,51 @@ static int unmapped(void)
 	return 0;
 }
 
+static int reheaped(void)
+{
+	char *page = (char *)(((uintptr_t)sbrk(0) + 4095) & ~(uintptr_t)4095);
+	int fd = memfd_create("lifetimes", 0);
+	if (fd < 0 || ftruncate(fd, 4096) != 0 ||
+	    mmap(page, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0) != page) {
+		perror("mapping a file at the heap's end");
+		return 1;
+	}
+	close(fd);
+	mutex_lock(page);
+	mutex_unlock(page);
+	munmap(page, 4096);
+	/* Small chunks come from the top of the heap, which grows into the
+	 * page; they are kept, so the two on the page are the last two. */
+	void *a = NULL, *b = NULL;
+	for (int i = 0; i < 1 << 20 && !b; i++) {
+		char *p = malloc(64);
+		if ((uintptr_t)p >> 12 != (uintptr_t)page >> 12)
+			continue;
+		if (!a)
+			a = p;
+		else if ((uintptr_t)(p + 64) >> 12 == (uintptr_t)page >> 12)
+			b = p;
+	}
+	if (!b) {
+		fprintf(stderr, "the heap did not grow over %p\n", (void *)page);
+		return 1;
+	}
+	zero_init(a);
+	zero_init(b);
+	take_in_order(&zeroed, a, b);
+	free(a);
+	free(b);
+	void *c = malloc(64), *d = malloc(64);
+	if (c != b || d != a) {
+		fprintf(stderr, "new locks at %p %p, old at %p %p\n", c, d, a, b);
+		return 2;
+	}
+	zero_init(c);
+	zero_init(d);
+	take_in_order(&zeroed, c, d);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "";
@@ -187,6 +238,8 @@ int main(int argc, char **argv)
 		return remutex();
 	if (!strcmp(mode, "unmapped"))
 		return unmapped();
-	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex|unmapped\n");
+	if (!strcmp(mode, "reheaped"))
+		return reheaped();
+	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex|unmapped|reheaped\n");
 	return 2;
 }

@@ -114,3 +114,24 @@ func TestLockInUnmappedMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestLockOnPageTheHeapTookOver: a mutex in a file's mapping, which the
+// eBPF recorder classifies as static data (no free can end a lock there);
+// the mapping unmapped and the heap grown over its page; zeroed mutexes in
+// chunks on that page taken a -> b, freed, and made again at each other's
+// addresses, taken c -> d. No cycle, in every mode: the page was once
+// classified as static data, and the chain cache must not keep that past
+// the munmap, or in aggregate mode the frees go unsent and c -> d closes a
+// cycle with a -> b.
+func TestLockOnPageTheHeapTookOver(t *testing.T) {
+	testenv.RequireBPF(t)
+	runs, _ := traceLifetimes(t, testenv.Program(t, "lifetimes"), "reheaped")
+	for _, r := range runs {
+		if cs := ofKind(r.fs, "lock-order-cycle", "error"); len(cs) != 0 {
+			t.Errorf("%s: new mutexes at old addresses make a cycle: %v", r, r.fs)
+		}
+		if r.rep.Stats.Calls["munmap"] == 0 {
+			t.Errorf("%s: the program's munmap was not seen: %v", r, r.rep.Stats.Calls)
+		}
+	}
+}
