@@ -321,10 +321,18 @@ func (p *printer) edge(in string, n int, e *analyzer.Edge) {
 	p.wrapped(in+"  ", "", e.Context)
 	p.line("%s  %s:", in, takenLabel(e))
 	p.stack(in+"    ", e.Stack, e.StackTruncated)
-	if len(e.HeldStack) > 0 {
-		p.line("%s  %s:", in, heldLabel(e))
-		p.stack(in+"    ", e.HeldStack, e.HeldStackTruncated)
+	if len(e.HeldStack) == 0 {
+		return
 	}
+	// A hook's allocator call is the tail of the hook's own stack: named
+	// by where it starts there, not printed twice.
+	if i := len(e.Stack) - len(e.HeldStack); i >= 0 && i < maxFrames && !e.HeldStackTruncated &&
+		slices.Equal(e.Stack[i:], e.HeldStack) {
+		p.line("%s  %s: #%d above, %s", in, heldLabel(e), i, FrameText(e.HeldStack[0]))
+		return
+	}
+	p.line("%s  %s:", in, heldLabel(e))
+	p.stack(in+"    ", e.HeldStack, e.HeldStackTruncated)
 }
 
 func takenLabel(e *analyzer.Edge) string {
