@@ -2,16 +2,24 @@
  * DEPTH frames of about 1 KiB and, at every depth, makes one malloc and
  * one free under a mutex, ROUNDS times; halfway through, the process forks
  * (the child exits at once), which write-protects every stack page and
- * makes the next write copy it. The probes read each call's return address
+ * makes the next write copy it. The last thread runs on a stack of its
+ * own, 2 MiB-aligned and advised for transparent huge pages, so that where
+ * the kernel backs it with one (madvise mode or always), its page is a
+ * page table's 2 MiB leaf. The probes read each call's return address
  * from pages that change under them: the counts must still be exact
  * (THREADS*ROUNDS*DEPTH malloc and free, and as many lock and unlock).
- * Exit 0. */
+ * Exit 0, or 1 when the huge-page stack cannot be mapped. */
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define THREADS 3
+#define THREADS 4
+#define HUGE (2UL << 20)
 #define DEPTH 24
 #define ROUNDS 40
 
@@ -48,8 +56,21 @@ int main(void)
 {
 	pthread_t t[THREADS];
 	pthread_barrier_init(&half, NULL, THREADS + 1);
-	for (int i = 0; i < THREADS; i++)
+	for (int i = 0; i < THREADS - 1; i++)
 		pthread_create(&t[i], NULL, worker, NULL);
+	char *raw = mmap(NULL, 2 * HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (raw == MAP_FAILED) {
+		perror("mapping a stack");
+		return 1;
+	}
+	char *stack = (char *)(((uintptr_t)raw + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+	madvise(stack, HUGE, MADV_HUGEPAGE); /* refused where THP is off: 4K pages then */
+	memset(stack, 0, HUGE);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setstack(&attr, stack, HUGE);
+	pthread_create(&t[THREADS - 1], &attr, worker, NULL);
+	pthread_attr_destroy(&attr);
 	pthread_barrier_wait(&half);
 	pid_t child = fork();
 	if (child == 0)
