@@ -54,6 +54,9 @@ type StackReads struct {
 	// DirectMap: through the kernel's direct map; else every read is a
 	// bpf_probe_read_user, about twice what a probe hit costs otherwise.
 	DirectMap bool
+	// Off: the direct map was looked for and not found, or turned off by
+	// a mismatch (neither is true before the first allocator call).
+	Off bool
 	// Walks counts page-table walks: a thread's first read of a stack
 	// page, or one whose page-table entry had changed since.
 	Walks uint64
@@ -69,5 +72,5 @@ func (t *Tracer) StackReads() StackReads {
 	t.objs.StackWalks.Get(&walks)
 	t.objs.StackMismatches.Get(&mismatches)
 	// 0 is not found yet, 1 off (DIRECT_MAP_UNKNOWN, DIRECT_MAP_OFF).
-	return StackReads{DirectMap: base > 1, Walks: walks, Mismatches: mismatches}
+	return StackReads{DirectMap: base > 1, Off: base == 1, Walks: walks, Mismatches: mismatches}
 }

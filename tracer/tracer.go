@@ -101,8 +101,14 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
 		return nil, err
 	}
-	if err := spec.Variables["phys_addr_mask"].Set(physAddressMask("/proc/cpuinfo")); err != nil {
+	mask := physAddressMask("/proc/cpuinfo")
+	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
+	}
+	if mask == 0 {
+		opts.Warn("the probes read stacks with bpf_probe_read_user, not through the kernel's direct map " +
+			"(the CPU pages with 5 levels, or /proc/cpuinfo gives no physical address width): " +
+			"every allocator call costs about twice as much")
 	}
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
@@ -392,8 +398,14 @@ func (t *Tracer) Stop() {
 	t.objs.TracingOn.Set(uint32(0))
 	t.mu.Unlock()
 	t.closeLinks()
-	if r := t.StackReads(); r.Mismatches > 0 && !already {
+	if already {
+		return
+	}
+	switch r := t.StackReads(); {
+	case r.Mismatches > 0:
 		t.opts.Warn("reading stacks through the kernel's direct map gave a word bpf_probe_read_user did not: turned off, the probes ran slower from then on")
+	case r.Off:
+		t.opts.Warn("the kernel's direct map was not found: the probes read stacks with bpf_probe_read_user, every allocator call about twice as dear")
 	}
 }
 
