@@ -44,14 +44,16 @@ type TraceStats struct {
 	Recorder  string   `json:"recorder,omitempty"` // "ebpf" or "preload"; empty in older traces
 	// ProbeTime is the BPF programs' own time, when the kernel counted it
 	// (see events.Footer).
-	ProbeTime  map[string]events.ProgramTime `json:"probe_time,omitempty"`
-	Events     uint64                        `json:"events"`
-	LostEvents uint64                        `json:"lost_events"`
-	Complete   bool                          `json:"complete"`
-	Incomplete string                        `json:"incomplete,omitempty"`
-	ExitStatus *int                          `json:"exit_status,omitempty"`
-	ExitSignal string                        `json:"exit_signal,omitempty"`
-	Reason     string                        `json:"reason,omitempty"` // why tracing stopped
+	ProbeTime map[string]events.ProgramTime `json:"probe_time,omitempty"`
+	// StackReads is how the probes read stacks (see events.Footer).
+	StackReads string `json:"stack_reads,omitempty"`
+	Events     uint64 `json:"events"`
+	LostEvents uint64 `json:"lost_events"`
+	Complete   bool   `json:"complete"`
+	Incomplete string `json:"incomplete,omitempty"`
+	ExitStatus *int   `json:"exit_status,omitempty"`
+	ExitSignal string `json:"exit_signal,omitempty"`
+	Reason     string `json:"reason,omitempty"` // why tracing stopped
 }
 
 func (a *Analyzer) stats(n *naming) Stats {
@@ -131,6 +133,7 @@ func (s *stream) stats() TraceStats {
 		ts.ExitSignal = f.ExitSignal
 		ts.Reason = f.Reason
 		ts.ProbeTime = f.ProbeTime
+		ts.StackReads = f.StackReads
 	}
 	if ts.LostEvents > 0 {
 		why = append(why, itoa(ts.LostEvents)+" events lost")

@@ -404,6 +404,10 @@ type Footer struct {
 	// when the kernel counted it (kernel.bpf_stats_enabled): what the
 	// probes cost beyond their traps.
 	ProbeTime map[string]ProgramTime `json:"probe_time,omitempty"`
+	// StackReads is how the eBPF recorder's probes read the threads'
+	// stacks: "direct map", or "bpf_probe_read_user (why)", which makes
+	// every allocator call dearer. Empty when no probe read a stack.
+	StackReads string `json:"stack_reads,omitempty"`
 }
 
 // ProgramTime is a BPF program's runs and the time they took.

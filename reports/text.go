@@ -90,6 +90,13 @@ func TextGate(w io.Writer, g *Gate) error {
 	if pt := probeTimeText(st); pt != "" {
 		p.line("probe time: %s", pt)
 	}
+	// Only the slow way is news.
+	for _, t := range st.Traces {
+		if t.StackReads != "" && t.StackReads != "direct map" {
+			p.line("stack reads: %s", t.StackReads)
+			break
+		}
+	}
 	for _, warn := range st.Warnings {
 		p.line("warning: %s", warn)
 	}

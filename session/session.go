@@ -171,5 +171,8 @@ func Footer(rec Recorder) *events.Footer {
 	}); ok {
 		f.ProbeTime = p.ProbeTime()
 	}
+	if p, ok := rec.(interface{ StackReadMethod() string }); ok {
+		f.StackReads = p.StackReadMethod()
+	}
 	return f
 }

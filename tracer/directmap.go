@@ -65,6 +65,24 @@ type StackReads struct {
 	Mismatches uint64
 }
 
+// StackReadMethod names how the probes read stacks, for the trace's
+// footer: "direct map", "bpf_probe_read_user (why)", or "" when no
+// allocator call has read one yet.
+func (t *Tracer) StackReadMethod() string {
+	r := t.StackReads()
+	switch {
+	case t.noDirectMap:
+		return "bpf_probe_read_user (5-level paging, or no physical address width in /proc/cpuinfo)"
+	case r.DirectMap:
+		return "direct map"
+	case r.Mismatches > 0:
+		return "bpf_probe_read_user (a direct read disagreed with it)"
+	case r.Off:
+		return "bpf_probe_read_user (the kernel's direct map was not found)"
+	}
+	return ""
+}
+
 // StackReads says how the probes have been reading stacks so far.
 func (t *Tracer) StackReads() StackReads {
 	var base, walks, mismatches uint64

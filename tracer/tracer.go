@@ -63,6 +63,7 @@ type Tracer struct {
 	ringRecords, ringBytes atomic.Uint64
 	stopped                bool           // Run is stopping: tracing stays off
 	nowRec                 ringbuf.Record // ReadNow's buffer
+	noDirectMap            bool           // stacks are read with bpf_probe_read_user from the start
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
@@ -105,7 +106,8 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
 	}
-	if mask == 0 {
+	noDirectMap := mask == 0
+	if noDirectMap {
 		opts.Warn("the probes read stacks with bpf_probe_read_user, not through the kernel's direct map " +
 			"(the CPU pages with 5 levels, or /proc/cpuinfo gives no physical address width): " +
 			"every allocator call costs about twice as much")
@@ -113,7 +115,7 @@ func New(opts source.Options) (*Tracer, error) {
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
 	}
-	t := &Tracer{opts: opts}
+	t := &Tracer{opts: opts, noDirectMap: noDirectMap}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("%w: %v", ErrPermission, err)

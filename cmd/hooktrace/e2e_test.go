@@ -94,8 +94,9 @@ type jsonReport struct {
 		// TraceChecks counts what contradicts the rest of the trace.
 		TraceChecks map[string]uint64 `json:"trace_checks"`
 		Traces      []struct {
-			Recorder  string `json:"recorder"`
-			ProbeTime map[string]struct {
+			Recorder   string `json:"recorder"`
+			StackReads string `json:"stack_reads"`
+			ProbeTime  map[string]struct {
 				Runs uint64 `json:"runs"`
 				NS   uint64 `json:"ns"`
 			} `json:"probe_time"`

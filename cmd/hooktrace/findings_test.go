@@ -116,6 +116,13 @@ func traceRunsUnder(t *testing.T, recs, extra []string, prog string, args ...str
 					}
 				}
 			}
+			// The eBPF probes read stacks through the direct map here;
+			// bpf_probe_read_user is the fallback, twice as dear a call.
+			for _, tr := range r.rep.Stats.Traces {
+				if tr.Recorder == "ebpf" && tr.StackReads != "direct map" && tr.StackReads != "" {
+					t.Errorf("%s %v: %s read stacks with %s", prog, args, r, tr.StackReads)
+				}
+			}
 			if len(runs) > 0 {
 				prev := runs[len(runs)-1]
 				if prev.recorder == rec && findingIDs(prev.fs) != findingIDs(r.fs) {
