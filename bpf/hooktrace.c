@@ -1583,6 +1583,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 		st->range_pid = 0;
 		st->alloc_sp = 0;
 		st->stack_page.entry_at = 0; /* the old image's page tables */
+		st->stack_page.pgd = 0;
 		st->pid_tgid = id;
 		st->nheld = 0;
 		st->held = 0;

@@ -30,9 +30,11 @@
  * Anything unexpected falls back to bpf_probe_read_user, as before: an
  * entry that is not present or changed, a word that is not 8-aligned, a
  * machine with 5-level paging (the tracer then passes no address mask), no
- * candidate that fits. The first
- * read of each page is also made with bpf_probe_read_user and compared,
- * and one disagreement turns the direct path off for every thread. */
+ * candidate that fits. A thread's first page walk, and one walk in 64
+ * after, also read the word with bpf_probe_read_user and compare; one
+ * disagreement turns the direct path off for every thread. A walk is
+ * otherwise four loads, so a thread that moves between stacks (user-level
+ * threads, a signal stack) pays little for leaving its remembered page. */
 #ifndef STACKWORD_H
 #define STACKWORD_H
 
@@ -47,7 +49,7 @@ const volatile __u64 phys_addr_mask = 0;
 /* The direct map's base, once found; or one of the two above. */
 volatile __u64 direct_map = DIRECT_MAP_UNKNOWN;
 /* Page walks made (a thread's first read of a page, or its entry changed),
- * and first reads that disagreed with bpf_probe_read_user. */
+ * and checked walks whose word disagreed with bpf_probe_read_user. */
 volatile __u64 stack_walks = 0;
 volatile __u64 stack_mismatches = 0;
 
@@ -58,6 +60,7 @@ struct stack_page {
 	__u64 entry_at; /* direct-map address of the leaf entry mapping it; 0 none */
 	__u64 entry;    /* that entry's value, accessed and dirty bits cleared */
 	__u64 kbase;    /* the page's direct-map address */
+	__u64 pgd;      /* the thread's page directory (an mm's never moves); 0 before its first walk */
 };
 
 #define PTE_PRESENT 0x1ULL
@@ -118,8 +121,9 @@ static long direct_map_candidate(__u32 k, void *ctx)
 	return 1;
 }
 
-/* Finds va's page for the thread (sp) and checks the direct read of va
- * against bpf_probe_read_user. Returns 0 when sp now maps va. */
+/* Finds va's page for the thread (sp), checking the direct read of va
+ * against bpf_probe_read_user at the thread's first walk and one in 64.
+ * Returns 0 when sp now maps va. */
 static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
 {
 	if (!sp)
@@ -128,10 +132,14 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
 	__u64 base = direct_map;
 	if (base == DIRECT_MAP_OFF || !phys_addr_mask || (va & 7))
 		return -1;
-	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 pgd = 0;
-	if (bpf_probe_read_kernel(&pgd, sizeof(pgd), &task->mm->pgd) || !pgd)
-		return -1;
+	__u64 pgd = sp->pgd;
+	int check = !pgd;
+	if (!pgd) {
+		struct task_struct *task = bpf_get_current_task_btf();
+		if (bpf_probe_read_kernel(&pgd, sizeof(pgd), &task->mm->pgd) || !pgd)
+			return -1;
+		sp->pgd = pgd;
+	}
 	if (base == DIRECT_MAP_UNKNOWN) {
 		struct direct_map_search s = {pgd, DIRECT_MAP_OFF};
 		/* Every 1 GiB step of physical address space below pgd: the
@@ -142,18 +150,21 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
 		if (base == DIRECT_MAP_OFF)
 			return -1;
 	}
-	__sync_fetch_and_add(&stack_walks, 1);
+	if ((__sync_fetch_and_add(&stack_walks, 1) & 63) == 0)
+		check = 1;
 	__u64 at = 0, e = 0, mask = 0;
 	if (page_walk(base, pgd, va, &at, &e, &mask))
 		return -1;
 	__u64 kbase = base + (e & phys_addr_mask & mask);
-	__u64 direct = kernel_word(kbase + (va & ~mask)), user = 0;
-	if (bpf_probe_read_user(&user, sizeof(user), (void *)va))
-		return -1;
-	if (direct != user) {
-		__sync_fetch_and_add(&stack_mismatches, 1);
-		direct_map = DIRECT_MAP_OFF;
-		return -1;
+	if (check) {
+		__u64 direct = kernel_word(kbase + (va & ~mask)), user = 0;
+		if (bpf_probe_read_user(&user, sizeof(user), (void *)va))
+			return -1;
+		if (direct != user) {
+			__sync_fetch_and_add(&stack_mismatches, 1);
+			direct_map = DIRECT_MAP_OFF;
+			return -1;
+		}
 	}
 	sp->vbase = va & mask;
 	sp->vmask = mask;

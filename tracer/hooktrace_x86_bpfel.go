@@ -236,6 +236,7 @@ type hooktraceThreadState struct {
 		EntryAt uint64
 		Entry   uint64
 		Kbase   uint64
+		Pgd     uint64
 	}
 }
 
