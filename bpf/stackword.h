@@ -74,6 +74,13 @@ static __always_inline __u64 kernel_word(__u64 addr)
 	return *(volatile long long *)&w->tv_sec;
 }
 
+/* Whether the entry sp remembers still maps its page (a load that faults
+ * reads 0, which no remembered entry is). */
+static __always_inline int stack_entry_holds(struct stack_page *sp)
+{
+	return (kernel_word(sp->entry_at) & ~PTE_ACCESSED_DIRTY) == sp->entry;
+}
+
 /* Walks va through the 4-level page tables at pgd, reading them through
  * the direct map at base. Returns 0 and the leaf entry (its address, its
  * value and the page's mask), or -1 when va is not mapped. */
@@ -178,18 +185,15 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
  * cannot be read, as bpf_probe_read_user leaves it. */
 static __always_inline __u64 stack_word(struct stack_page *sp, __u64 va)
 {
-	if (sp->entry_at && (va & sp->vmask) == sp->vbase && !(va & 7) &&
-	    (kernel_word(sp->entry_at) & ~PTE_ACCESSED_DIRTY) == sp->entry) {
-		__u64 v = kernel_word(sp->kbase + (va & ~sp->vmask));
-		if ((kernel_word(sp->entry_at) & ~PTE_ACCESSED_DIRTY) == sp->entry)
-			return v;
+	__u64 v;
+	if (!sp->entry_at || (va & sp->vmask) != sp->vbase || (va & 7) || !stack_entry_holds(sp)) {
+		if (stack_page_walk(sp, va))
+			goto user;
 	}
-	__u64 v = 0;
-	if (!stack_page_walk(sp, va)) {
-		v = kernel_word(sp->kbase + (va & ~sp->vmask));
-		if ((kernel_word(sp->entry_at) & ~PTE_ACCESSED_DIRTY) == sp->entry)
-			return v;
-	}
+	v = kernel_word(sp->kbase + (va & ~sp->vmask));
+	if (stack_entry_holds(sp))
+		return v;
+user:
 	v = 0;
 	bpf_probe_read_user(&v, sizeof(v), (void *)va);
 	return v;
