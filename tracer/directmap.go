@@ -69,10 +69,10 @@ type StackReads struct {
 // footer: "direct map", "bpf_probe_read_user (why)", or "" when no
 // allocator call has read one yet.
 func (t *Tracer) StackReadMethod() string {
-	r := t.StackReads()
-	switch {
-	case t.noDirectMap:
+	if t.noDirectMap {
 		return "bpf_probe_read_user (5-level paging, or no physical address width in /proc/cpuinfo)"
+	}
+	switch r := t.StackReads(); {
 	case r.DirectMap:
 		return "direct map"
 	case r.Mismatches > 0:
@@ -81,6 +81,13 @@ func (t *Tracer) StackReadMethod() string {
 		return "bpf_probe_read_user (the kernel's direct map was not found)"
 	}
 	return ""
+}
+
+// warnSlowStacks warns when the probes read stacks the slow way.
+func (t *Tracer) warnSlowStacks() {
+	if m := t.StackReadMethod(); strings.HasPrefix(m, "bpf_probe_read_user") {
+		t.opts.Warn("the probes read stacks with " + m + ": every allocator call costs about twice as much")
+	}
 }
 
 // StackReads says how the probes have been reading stacks so far.

@@ -106,16 +106,13 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
 	}
-	noDirectMap := mask == 0
-	if noDirectMap {
-		opts.Warn("the probes read stacks with bpf_probe_read_user, not through the kernel's direct map " +
-			"(the CPU pages with 5 levels, or /proc/cpuinfo gives no physical address width): " +
-			"every allocator call costs about twice as much")
-	}
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
 	}
-	t := &Tracer{opts: opts, noDirectMap: noDirectMap}
+	t := &Tracer{opts: opts, noDirectMap: mask == 0}
+	if t.noDirectMap {
+		t.warnSlowStacks()
+	}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
@@ -400,14 +397,9 @@ func (t *Tracer) Stop() {
 	t.objs.TracingOn.Set(uint32(0))
 	t.mu.Unlock()
 	t.closeLinks()
-	if already {
-		return
-	}
-	switch r := t.StackReads(); {
-	case r.Mismatches > 0:
-		t.opts.Warn("reading stacks through the kernel's direct map gave a word bpf_probe_read_user did not: turned off, the probes ran slower from then on")
-	case r.Off:
-		t.opts.Warn("the kernel's direct map was not found: the probes read stacks with bpf_probe_read_user, every allocator call about twice as dear")
+	// Said at New when it was so from the start.
+	if !already && !t.noDirectMap {
+		t.warnSlowStacks()
 	}
 }
 

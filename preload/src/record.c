@@ -32,7 +32,6 @@ static void thread_init(struct tstate *t)
 	errno = saved;
 }
 
-/* The calling thread's state when it records, or NULL. Sets the guard. */
 static void exec_event(struct tstate *t);
 
 /* enter's first call in a process, after a fork, or on a new thread. */
@@ -58,8 +57,9 @@ static __attribute__((noinline, cold)) struct tstate *enter_slow(struct tstate *
 	return t;
 }
 
-/* Inlined into every interposer: one test of each flag on the way in. */
-static inline __attribute__((always_inline)) struct tstate *enter(void)
+/* The calling thread's state when it records, or NULL. Sets the guard.
+ * One test of each flag on the way in; the rest in enter_slow. */
+HOT struct tstate *enter(void)
 {
 	struct tstate *t = &ts;
 	if (t->guard)
@@ -76,7 +76,7 @@ static inline __attribute__((always_inline)) struct tstate *enter(void)
  * the call is forwarded unrecorded, but counted when it is the target's:
  * a signal handler that interrupted the shim, not the shim's own
  * bootstrap. */
-static inline __attribute__((always_inline)) struct tstate *enter_op(__u32 op)
+HOT struct tstate *enter_op(__u32 op)
 {
 	struct tstate *t = &ts;
 	if (unlikely(t->guard)) {
@@ -289,7 +289,7 @@ static int held_pop(struct tstate *t, __u64 addr)
 
 /* The chain key: independent products the CPU multiplies in parallel,
  * then one finalizer, so that the low bits (the caches' index) mix all. */
-static inline __attribute__((always_inline)) __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
+HOT __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
 {
 	__u64 h = t->held_sum;
 	h += (lock ^ 0x9e3779b97f4a7c15ULL) * 0x94d049bb133111ebULL;
@@ -333,7 +333,7 @@ static void flush_held(struct tstate *t)
 
 /* The stack hash a pattern was sent with (bit 62 set, so never 0), or 0
  * when the pattern is new. */
-static inline __attribute__((always_inline)) __u64 pattern_seen(struct tstate *t, __u64 key)
+HOT __u64 pattern_seen(struct tstate *t, __u64 key)
 {
 	__u32 c = key & (PATTERN_CACHE - 1);
 	if (t->cache_key[c] == key)
@@ -422,8 +422,7 @@ static __attribute__((noinline)) void send_alloc(struct tstate *t, __u32 op, __u
 /* An allocator call's entry. Returns nothing: the call is made by the
  * interposer, inside alloc_depth. Inlined into each interposer: most calls
  * are only counted. */
-static inline __attribute__((always_inline)) void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame,
-							    __u64 addr, __u64 size, __u64 arg)
+HOT void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
 {
 	count_call(t, op);
 	if (t->shared.alloc_depth > 0) {
@@ -482,8 +481,7 @@ static __attribute__((noinline)) void send_acquire(struct tstate *t, __u32 op, _
 		pattern_sent(t, key, e.stack);
 }
 
-static inline __attribute__((always_inline)) void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn,
-							      __u64 *frame)
+HOT void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
 	__u64 key = 0;
@@ -512,7 +510,7 @@ static __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, _
 	event_send(&e);
 }
 
-static inline __attribute__((always_inline)) void rec_release(struct tstate *t, __u32 op, __u64 lock)
+HOT void rec_release(struct tstate *t, __u32 op, __u64 lock)
 {
 	count_call(t, op);
 	int sent = held_pop(t, lock);

@@ -42,6 +42,8 @@
 #define EXPORT __attribute__((visibility("default")))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
+/* The hot path of every interposer: what a call that is only counted runs. */
+#define HOT static inline __attribute__((always_inline))
 #define MAX_HELD 8
 #define PATTERN_CACHE 64 /* a power of two */
 
