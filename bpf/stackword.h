@@ -167,6 +167,10 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
 		__u64 direct = kernel_word(kbase + (va & ~mask)), user = 0;
 		if (bpf_probe_read_user(&user, sizeof(user), (void *)va))
 			return -1;
+		/* An entry that changed meanwhile (the page migrated, or
+		 * copied on write) proves nothing either way. */
+		if ((kernel_word(at) & ~PTE_ACCESSED_DIRTY) != (e & ~PTE_ACCESSED_DIRTY))
+			return -1;
 		if (direct != user) {
 			__sync_fetch_and_add(&stack_mismatches, 1);
 			direct_map = DIRECT_MAP_OFF;
