@@ -34,11 +34,15 @@ func (s *stream) hangFindings() []Finding {
 			Stack:      &events.Stack{Frames: t.Stack, Truncated: t.Truncated},
 		})
 	}
+	seen := "every thread on the cycle was blocked for at least " + durationText(h.Timeout)
+	if h.AtStart {
+		seen = "every thread on the cycle was already blocked when hang detection started, and none of them ran in " +
+			itoa(uint64(h.Samples)) + " samples over " + durationText(h.Timeout)
+	}
 	fs := DeadlockFindings(waits)
 	for i := range fs {
 		f := &fs[i]
-		f.Detail += " Seen live by hang detection: every thread on the cycle was blocked for at least " +
-			durationText(h.Timeout) + "; the target was then " + actionText(h.Action) + "."
+		f.Detail += " Seen live by hang detection: " + seen + "; the target was then " + actionText(h.Action) + "."
 		for j := range f.Edges {
 			f.Edges[j].Source = s.source
 		}

@@ -420,10 +420,17 @@ type ProgramTime struct {
 // blocked in lock waits: every such thread, the lock it waits for and that
 // lock's owner, so that the deadlock can be explained offline.
 type Hang struct {
-	Time    uint64       `json:"time_ns"` // CLOCK_MONOTONIC when it was confirmed
-	PID     uint32       `json:"pid"`
-	Timeout uint64       `json:"timeout_ns"` // every thread listed was blocked at least this long
-	Action  string       `json:"action"`     // what hooktrace did then: "kill" or "detach"
+	Time    uint64 `json:"time_ns"` // CLOCK_MONOTONIC when it was confirmed
+	PID     uint32 `json:"pid"`
+	Timeout uint64 `json:"timeout_ns"` // every thread listed was blocked at least this long
+	Action  string `json:"action"`     // what hooktrace did then: "kill" or "detach"
+	// AtStart is true when the cycle was already there when hang detection
+	// began (attach to a hung process): Samples samples, over Timeout,
+	// found every thread listed blocked on the same lock, with the same
+	// owners, and none of them ran in between; the timeout was not waited
+	// out.
+	AtStart bool         `json:"at_start,omitempty"`
+	Samples int          `json:"samples,omitempty"`
 	Threads []HangThread `json:"threads"`
 }
 

@@ -7,8 +7,8 @@ package hang
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"github.com/hooktrace/hooktrace/internal/proc"
 	"os"
 	"sort"
 	"strconv"
@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 	"github.com/hooktrace/hooktrace/tracer/unwind"
 )
@@ -26,7 +27,8 @@ import (
 // Options configure a Watcher.
 type Options struct {
 	// Timeout is how long the threads of a wait-for cycle must have been
-	// blocked, without running at all, before it is reported.
+	// blocked, without running at all, before it is reported; a cycle
+	// already there when the watch starts is confirmed sooner, by samples.
 	Timeout time.Duration
 	// Interval is how often the threads are sampled; by default a fifth of
 	// Timeout, between 50ms and 1s.
@@ -45,13 +47,22 @@ type Options struct {
 
 // Watcher samples the threads of a live process and reports a
 // deadlock: threads blocked in lock waits, each waiting for a lock the
-// next one owns, all of them blocked for Timeout without running.
+// next one owns, none of them running.
+//
+// A cycle already there when the watch starts (attach to a hung process)
+// is confirmed by samples, the way one would check it in a debugger:
+// confirmSamples samples, confirmInterval apart, must each find the same
+// threads blocked on the same locks with the same owners, and no thread
+// that was blocked at the first sample may have run since. Threads that
+// block later must stay blocked, without running, for Timeout.
 //
 // Everything comes from /proc: a thread's state and the futex it waits on
 // (/proc/PID/task/TID/syscall, whose last two fields are the user stack
 // pointer and instruction pointer), its run time (schedstat: a thread that
 // ran since the last sample is not stuck), the mutex's __owner and the
-// stack (/proc/PID/mem), unwound with the objects' CFI.
+// stack (/proc/PID/mem), unwound with the objects' CFI. So it needs the
+// right to read the process (ptrace's), not eBPF: Check says whether the
+// caller has it.
 type Watcher struct {
 	pid   int
 	opts  Options
@@ -61,7 +72,17 @@ type Watcher struct {
 	once  sync.Once
 }
 
-// Watch starts watching pid. Found delivers at most one Hang.
+// Confirming a cycle that was already there when the watch started: each
+// of that many samples, that far apart, must find it unchanged. Waits
+// with a deadline are left to Timeout: they end by themselves.
+const (
+	confirmSamples  = 3
+	confirmInterval = 100 * time.Millisecond
+)
+
+// Watch starts watching pid. Found delivers at most one Hang. The first
+// sample is taken before Watch returns: what it finds blocked was blocked
+// before the watch.
 func Watch(pid int, opts Options) *Watcher {
 	if opts.Interval <= 0 {
 		opts.Interval = min(max(opts.Timeout/5, 50*time.Millisecond), time.Second)
@@ -71,7 +92,10 @@ func Watch(pid int, opts Options) *Watcher {
 	}
 	w := &Watcher{pid: pid, opts: opts, found: make(chan *events.Hang, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
-	go w.run()
+	seen := map[int]*waitSample{}
+	first := time.Now()
+	long, early, ok := w.sample(seen, first, true)
+	go w.run(seen, first, long, early, ok)
 	return w
 }
 
@@ -82,6 +106,40 @@ func (w *Watcher) Found() <-chan *events.Hang { return w.found }
 func (w *Watcher) Stop() {
 	w.once.Do(func() { close(w.stop) })
 	<-w.done
+}
+
+// Check says why the caller cannot watch pid: hang detection reads its
+// threads' system calls and its memory, which needs the right to ptrace
+// it (the same user, or CAP_SYS_PTRACE, and what Yama allows).
+func Check(pid int) error {
+	for _, f := range []string{"syscall", "mem"} {
+		path := fmt.Sprintf("/proc/%d/%s", pid, f)
+		file, err := os.Open(path)
+		if err == nil {
+			if f == "syscall" {
+				_, err = file.Read(make([]byte, 128))
+			}
+			file.Close()
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrPermission) {
+				return fmt.Errorf("reading pid %d's threads: %w%s", pid, err, ptraceHint())
+			}
+			return fmt.Errorf("reading pid %d's threads: %w", pid, err)
+		}
+	}
+	return nil
+}
+
+// ptraceHint says what decides the right to read another process's
+// threads, where Yama restricts it.
+func ptraceHint() string {
+	b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+	scope := strings.TrimSpace(string(b))
+	if err != nil || scope == "0" {
+		return " (only the process's own user, or one with CAP_SYS_PTRACE, may read it)"
+	}
+	return " (kernel.yama.ptrace_scope is " + scope + ": only the process's ancestors, or a user with CAP_SYS_PTRACE, may read it)"
 }
 
 // futex(2) commands a lock waiter blocks in (the private flag and clock
@@ -103,83 +161,129 @@ const MutexOwnerOffset = 8
 
 // waitSample is one thread seen blocked in a futex wait.
 type waitSample struct {
-	tid     int
-	uaddr   uint64
-	cmd     uint64
-	runtime string // schedstat's run time: unchanged while the thread does not run
+	tid   int
+	uaddr uint64
+	cmd   uint64
+	timed bool // the wait has a deadline
+	// sched is schedstat: run time, time waiting to run, and times run;
+	// unchanged while the thread does not run.
+	sched   string
 	sp, pc  uint64
 	since   time.Time
+	atStart bool // blocked so at the watch's first sample, and since
 }
 
-func (w *Watcher) run() {
+// run diagnoses the first sample's threads, then samples and diagnoses
+// until it finds a deadlock, the process is gone, or Stop.
+func (w *Watcher) run(seen map[int]*waitSample, first time.Time, long, early []*waitSample, ok bool) {
 	defer close(w.done)
-	tick := time.NewTicker(w.opts.Interval)
-	defer tick.Stop()
-	seen := map[int]*waitSample{}
 	// The symbolizer is kept from one diagnosis to the next (it caches the
 	// objects it read); the last set of long waits that had no cycle is not
 	// diagnosed again: a thread waiting long in pthread_join, say, would
 	// otherwise cost a full diagnosis every tick.
 	var sym *symbolize.Symbolizer
 	unw := &unwinder{}
-	lastKey := ""
-	for {
-		select {
-		case <-w.stop:
-			return
-		case <-tick.C:
-		}
-		now := time.Now()
-		tids, err := taskIDs(w.pid)
-		if err != nil {
-			return // the process is gone
-		}
-		var long []*waitSample
-		live := map[int]bool{}
-		for _, tid := range tids {
-			s, ok := sampleWait(w.pid, tid)
-			if !ok {
-				continue
-			}
-			live[tid] = true
-			prev := seen[tid]
-			if prev == nil || prev.uaddr != s.uaddr || prev.runtime != s.runtime {
-				s.since = now
-				seen[tid] = s
-				continue
-			}
-			prev.sp, prev.pc = s.sp, s.pc
-			if now.Sub(prev.since) >= w.opts.Timeout {
-				long = append(long, prev)
-			}
-		}
-		for tid := range seen {
-			if !live[tid] {
-				delete(seen, tid)
-			}
-		}
-		if len(long) == 0 {
-			continue
-		}
-		sort.Slice(long, func(i, j int) bool { return long[i].tid < long[j].tid })
-		var key strings.Builder
-		for _, s := range long {
-			fmt.Fprintf(&key, "%d:%x:%d,", s.tid, s.uaddr, s.since.UnixNano())
-		}
-		if key.String() == lastKey {
-			continue
-		}
-		lastKey = key.String()
+	symbolizer := func() *symbolize.Symbolizer {
 		if sym == nil {
 			sym = symbolize.New(w.pid)
 		} else {
 			sym.Refresh()
 		}
-		if h := w.diagnose(long, now, sym, unw); h != nil {
-			w.found <- h
+		return sym
+	}
+	lastKey := ""
+	// The cycle found among the threads blocked since the first sample,
+	// and how many samples in a row found it.
+	confirming, cycle, agreed := true, "", 0
+	now := first
+	// Reset drops a tick not received (Go 1.23 timers).
+	timer := time.NewTimer(w.opts.Interval)
+	defer timer.Stop()
+	for ok {
+		// Samples are taken at a steady pace, however long a diagnosis
+		// takes.
+		next := now.Add(w.opts.Interval)
+		if confirming {
+			confirming = false
+			if len(early) > 0 {
+				if h, key := w.diagnose(early, now, symbolizer(), unw); h != nil {
+					if key != cycle {
+						cycle, agreed = key, 0
+					}
+					agreed++
+					if agreed >= confirmSamples {
+						h.AtStart, h.Samples, h.Timeout = true, agreed, uint64(now.Sub(first))
+						w.found <- h
+						return
+					}
+					confirming = true
+					next = now.Add(confirmInterval)
+				}
+			}
+		}
+		if len(long) > 0 {
+			sort.Slice(long, func(i, j int) bool { return long[i].tid < long[j].tid })
+			var key strings.Builder
+			for _, s := range long {
+				fmt.Fprintf(&key, "%d:%x:%d,", s.tid, s.uaddr, s.since.UnixNano())
+			}
+			if key.String() != lastKey {
+				lastKey = key.String()
+				if h, _ := w.diagnose(long, now, symbolizer(), unw); h != nil {
+					w.found <- h
+					return
+				}
+			}
+		}
+		timer.Reset(time.Until(next))
+		select {
+		case <-w.stop:
 			return
+		case <-timer.C:
+		}
+		now = time.Now()
+		long, early, ok = w.sample(seen, now, false)
+	}
+}
+
+// sample reads every thread of the process, updating seen, and returns
+// the threads blocked for Timeout and those blocked, without a deadline,
+// since the first sample (firstSample says this is it). ok is false when
+// the process is gone.
+func (w *Watcher) sample(seen map[int]*waitSample, now time.Time, firstSample bool) (long, early []*waitSample, ok bool) {
+	tids, err := taskIDs(w.pid)
+	if err != nil {
+		return nil, nil, false
+	}
+	live := map[int]bool{}
+	for _, tid := range tids {
+		s, ok := sampleWait(w.pid, tid)
+		if !ok {
+			continue
+		}
+		live[tid] = true
+		prev := seen[tid]
+		if prev == nil || prev.uaddr != s.uaddr || prev.sched != s.sched {
+			s.since, s.atStart = now, firstSample
+			seen[tid] = s
+			prev = s
+		} else {
+			prev.sp, prev.pc = s.sp, s.pc
+		}
+		if prev.atStart && !prev.timed {
+			early = append(early, prev)
+		}
+		if now.Sub(prev.since) >= w.opts.Timeout {
+			long = append(long, prev)
 		}
 	}
+	for tid := range seen {
+		if !live[tid] {
+			delete(seen, tid)
+		}
+	}
+	sort.Slice(early, func(i, j int) bool { return early[i].tid < early[j].tid })
+	return long, early, true
 }
 
 // taskIDs lists the threads of pid.
@@ -232,9 +336,10 @@ func sampleWait(pid, tid int) (*waitSample, bool) {
 	if cmd != futexWait && cmd != futexWaitBitset && cmd != futexLockPI && cmd != futexLockPI2 {
 		return nil, false
 	}
-	run, _ := os.ReadFile(dir + "schedstat")
-	rt, _, _ := strings.Cut(string(run), " ")
-	return &waitSample{tid: tid, uaddr: v[1], cmd: cmd, runtime: rt, sp: v[7], pc: v[8]}, true
+	sched, _ := os.ReadFile(dir + "schedstat")
+	// arg4 is the timeout of every command above (a pointer; 0 for none).
+	return &waitSample{tid: tid, uaddr: v[1], cmd: cmd, timed: v[4] != 0, sched: strings.TrimSpace(string(sched)),
+		sp: v[7], pc: v[8]}, true
 }
 
 // blockedThread is a long-blocked thread read in full.
@@ -250,13 +355,14 @@ type blockedThread struct {
 	holdsArena bool // its stack is in glibc code that holds an arena lock
 }
 
-// diagnose reads the long-blocked threads in full and returns a Hang when
-// their wait-for graph has a cycle.
-func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Symbolizer, unw *unwinder) *events.Hang {
+// diagnose reads the blocked threads in full and returns a Hang when
+// their wait-for graph has a cycle, and the cycle: each thread on it, the
+// lock it waits for and that lock's owner.
+func (w *Watcher) diagnose(blocked []*waitSample, now time.Time, sym *symbolize.Symbolizer, unw *unwinder) (*events.Hang, string) {
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", w.pid))
 	if err != nil {
 		w.opts.Warn(fmt.Sprintf("hang detection: reading pid %d's memory: %v", w.pid, err))
-		return nil
+		return nil, ""
 	}
 	defer mem.Close()
 	maps := sym.Maps()
@@ -270,9 +376,9 @@ func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Sym
 		return ok && strings.HasPrefix(name, "main_arena")
 	}
 
-	threads := make([]*blockedThread, 0, len(long))
+	threads := make([]*blockedThread, 0, len(blocked))
 	byTID := map[uint32]*blockedThread{}
-	for _, s := range long {
+	for _, s := range blocked {
 		t := &blockedThread{waitSample: *s, name: proc.ThreadName(w.pid, s.tid)}
 		size := 64 << 10
 		if m, ok := maps.Find(s.sp); ok {
@@ -295,20 +401,21 @@ func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Sym
 	inferArenaOwners(threads)
 
 	// A cycle: following owners from some thread comes back to it.
-	onCycle := false
+	sort.Slice(threads, func(i, j int) bool { return threads[i].tid < threads[j].tid })
+	var cycle strings.Builder
 	for _, t := range threads {
 		cur, steps := t, 0
 		for cur != nil && cur.owner != 0 && steps <= len(threads) {
 			cur = byTID[cur.owner]
 			steps++
 			if cur == t {
-				onCycle = true
+				fmt.Fprintf(&cycle, "%d:%x:%d,", t.tid, t.uaddr, t.owner)
 				break
 			}
 		}
 	}
-	if !onCycle {
-		return nil
+	if cycle.Len() == 0 {
+		return nil, ""
 	}
 	h := &events.Hang{
 		Time:    proc.Now(),
@@ -316,7 +423,6 @@ func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Sym
 		Timeout: uint64(w.opts.Timeout),
 		Action:  w.opts.Action,
 	}
-	sort.Slice(threads, func(i, j int) bool { return threads[i].tid < threads[j].tid })
 	for _, t := range threads {
 		h.Threads = append(h.Threads, events.HangThread{
 			TID:       uint32(t.tid),
@@ -331,7 +437,7 @@ func (w *Watcher) diagnose(long []*waitSample, now time.Time, sym *symbolize.Sym
 			Truncated: t.stack.Truncated,
 		})
 	}
-	return h
+	return h, cycle.String()
 }
 
 // inMutexLock reports whether the stack is inside a pthread mutex lock

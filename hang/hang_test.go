@@ -3,6 +3,7 @@
 package hang
 
 import (
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -21,16 +22,23 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // startWatched starts argv and watches it; the process is killed at the
-// end of the test. exited receives its Wait's result: the only Wait, so
-// that the test and the clean-up never wait on the same process together.
+// end of the test. It execs argv only once the watch has taken its first
+// sample, so that what it does, deadlock included, happens while watched.
+// exited receives its Wait's result: the only Wait, so that the test and
+// the clean-up never wait on the same process together.
 func startWatched(t *testing.T, timeout time.Duration, argv ...string) (cmd *exec.Cmd, w *Watcher, exited <-chan error) {
 	t.Helper()
-	cmd = exec.Command(argv[0], argv[1:]...)
+	cmd = exec.Command("/bin/sh", append([]string{"-c", `read go && exec "$0" "$@"`}, argv...)...)
+	gate, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	w = Watch(cmd.Process.Pid, Options{Timeout: timeout, ArenaHeld: analyzer.ArenaHeld, Action: "kill",
 		Warn: func(s string) { t.Log(s) }})
+	io.WriteString(gate, "go\n")
 	result := make(chan error, 1)
 	waited := make(chan struct{})
 	go func() {
@@ -43,6 +51,27 @@ func startWatched(t *testing.T, timeout time.Duration, argv ...string) (cmd *exe
 		<-waited
 	})
 	return cmd, w, result
+}
+
+// watchAgain watches pid, already deadlocked, with a timeout no test
+// waits out: only the samples taken at the start can confirm the
+// deadlock.
+func watchAgain(t *testing.T, pid int) *events.Hang {
+	t.Helper()
+	w := Watch(pid, Options{Timeout: time.Hour, ArenaHeld: analyzer.ArenaHeld, Action: "detach",
+		Warn: func(s string) { t.Log(s) }})
+	defer w.Stop()
+	select {
+	case h := <-w.Found():
+		if !h.AtStart || h.Samples < confirmSamples || h.Timeout < uint64((confirmSamples-1)*confirmInterval) || h.Action != "detach" {
+			t.Errorf("hang header: at start %v, %d samples over %v, action %s: want the deadlock confirmed by %d samples %v apart",
+				h.AtStart, h.Samples, time.Duration(h.Timeout), h.Action, confirmSamples, confirmInterval)
+		}
+		return h
+	case <-time.After(60 * time.Second):
+		t.Fatal("the deadlock already there was not reported in 60s")
+	}
+	return nil
 }
 
 func hangThread(h *events.Hang, lock string) *events.HangThread {
@@ -88,9 +117,18 @@ func TestHangFindsABBA(t *testing.T) {
 	if took < 500*time.Millisecond {
 		t.Errorf("reported after %v, before the timeout", took)
 	}
-	if h.PID != uint32(cmd.Process.Pid) || h.Action != "kill" || h.Timeout != uint64(500*time.Millisecond) {
+	if h.PID != uint32(cmd.Process.Pid) || h.Action != "kill" || h.Timeout != uint64(500*time.Millisecond) || h.AtStart {
 		t.Errorf("hang header: %+v", h)
 	}
+	checkABBA(t, h, 500*time.Millisecond)
+}
+
+// checkABBA checks the hang of testdata/deadlock.c: both locks by their
+// symbols, each waiter's owner from the mutex's __owner, whole stacks
+// with the program's functions, main waiting in pthread_join, and what
+// the analyzer makes of it.
+func checkABBA(t *testing.T, h *events.Hang, blocked time.Duration) {
+	t.Helper()
 	a := hangThread(h, "accounts_lock (deadlock)")
 	l := hangThread(h, "ledger_lock (deadlock)")
 	if a == nil || l == nil {
@@ -101,7 +139,7 @@ func TestHangFindsABBA(t *testing.T) {
 	if a.Owner != l.TID || l.Owner != a.TID || a.OwnerFrom != "the mutex's __owner" {
 		t.Errorf("owners: %d waits (owner %d), %d waits (owner %d), from %q", a.TID, a.Owner, l.TID, l.Owner, a.OwnerFrom)
 	}
-	if a.LockKind != "mutex" || l.LockKind != "mutex" || a.BlockedNS < uint64(500*time.Millisecond) {
+	if a.LockKind != "mutex" || l.LockKind != "mutex" || a.BlockedNS < uint64(blocked) {
 		t.Errorf("kinds %s %s, blocked %v", a.LockKind, l.LockKind, time.Duration(a.BlockedNS))
 	}
 	for _, c := range []struct {
@@ -133,6 +171,109 @@ func TestHangFindsABBA(t *testing.T) {
 	fs := analyzer.DeadlockFindings(waits)
 	if len(fs) != 1 || len(fs[0].Locks) != 2 || len(fs[0].Edges) != 2 {
 		t.Fatalf("deadlock findings: %+v", fs)
+	}
+}
+
+// waitHung waits for the watch of a process that deadlocks to report it.
+func waitHung(t *testing.T, w *Watcher, exited <-chan error) *events.Hang {
+	t.Helper()
+	select {
+	case h := <-w.Found():
+		w.Stop()
+		return h
+	case err := <-exited:
+		t.Fatalf("the program exited (%v) instead of deadlocking", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("no deadlock reported in 60s")
+	}
+	return nil
+}
+
+// TestHangAlreadyThere: a watch that starts on a process already
+// deadlocked confirms the deadlock by samples taken at once, the timeout
+// (an hour) not waited out, with all that the timeout's report has: the
+// ABBA deadlock, and a memory hook waiting for a lock its own thread holds
+// (inside malloc: a thread's first malloc unmaps).
+func TestHangAlreadyThere(t *testing.T) {
+	t.Run("abba", func(t *testing.T) {
+		cmd, w, exited := startWatched(t, 300*time.Millisecond, testenv.Program(t, "deadlock"))
+		before := waitHung(t, w, exited)
+		h := watchAgain(t, cmd.Process.Pid)
+		checkABBA(t, h, (confirmSamples-1)*confirmInterval)
+		if len(h.Threads) != len(before.Threads) {
+			t.Errorf("%d threads blocked, the timeout's report had %d", len(h.Threads), len(before.Threads))
+		}
+	})
+	t.Run("hook", func(t *testing.T) {
+		cmd, w, exited := startWatched(t, 300*time.Millisecond, testenv.Program(t, "hookhang"))
+		waitHung(t, w, exited)
+		h := watchAgain(t, cmd.Process.Pid)
+		th := hangThread(h, "hook_lock (hookhang)")
+		if th == nil || th.Owner != th.TID || th.LockKind != "mutex" {
+			t.Fatalf("want a thread waiting for hook_lock, which it owns: %+v", h.Threads)
+		}
+		for _, fn := range []string{"pthread_mutex_lock", "munmap_hook", "malloc", "register_region", "worker"} {
+			if !framesHave(th.Stack, fn) {
+				t.Errorf("the hook's stack lacks %s:%s", fn, framesText(th.Stack))
+			}
+		}
+		fs := analyzer.DeadlockFindings([]analyzer.Wait{{PID: h.PID, TID: th.TID, Lock: th.LockName, WaitingFor: th.Lock,
+			Owner: th.Owner, Stack: &events.Stack{Frames: th.Stack}}})
+		if len(fs) != 1 || !strings.Contains(fs[0].Title, "which it holds itself") {
+			t.Errorf("findings: %+v", fs)
+		}
+	})
+}
+
+// TestHangTimedWaitWaitsOut: a cycle one of whose threads waits with a
+// deadline (pthread_mutex_timedlock, an hour ahead) can end by itself: it
+// is not confirmed by samples but reported once the timeout has passed,
+// as any wait that began while watched.
+func TestHangTimedWaitWaitsOut(t *testing.T) {
+	prog := testenv.C{Name: "timedabba", Code: `#include <pthread.h>
+#include <time.h>
+pthread_mutex_t left_lock = PTHREAD_MUTEX_INITIALIZER, right_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_barrier_t both;
+static void *lefty(void *a) {
+	(void)a;
+	pthread_mutex_lock(&left_lock);
+	pthread_barrier_wait(&both);
+	pthread_mutex_lock(&right_lock);
+	return 0;
+}
+static void *righty(void *a) {
+	(void)a;
+	pthread_mutex_lock(&right_lock);
+	pthread_barrier_wait(&both);
+	struct timespec deadline;
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += 3600;
+	pthread_mutex_timedlock(&left_lock, &deadline);
+	return 0;
+}
+int main(void) {
+	pthread_t a, b;
+	pthread_barrier_init(&both, 0, 2);
+	pthread_create(&a, 0, lefty, 0);
+	pthread_create(&b, 0, righty, 0);
+	pthread_join(a, 0);
+	return 0;
+}
+`}.Build(t)
+	cmd, w, exited := startWatched(t, 300*time.Millisecond, prog)
+	waitHung(t, w, exited)
+	w = Watch(cmd.Process.Pid, Options{Timeout: 300 * time.Millisecond, ArenaHeld: analyzer.ArenaHeld, Action: "kill"})
+	defer w.Stop()
+	select {
+	case h := <-w.Found():
+		if h.AtStart || h.Timeout != uint64(300*time.Millisecond) {
+			t.Errorf("at start %v, timeout %v: want the timed cycle reported by the timeout", h.AtStart, time.Duration(h.Timeout))
+		}
+		if hangThread(h, "left_lock (timedabba)") == nil || hangThread(h, "right_lock (timedabba)") == nil {
+			t.Errorf("want waits for both locks: %+v", h.Threads)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("no deadlock reported in 60s")
 	}
 }
 
@@ -196,6 +337,8 @@ int main(void) { pthread_mutex_lock(&config_lock); reload_config(); return 0; }
 // deadlocks between vma_lock and glibc's arena lock, which records no
 // owner. The owner must be found from the stacks: the thread inside free()
 // whose hook waits for vma_lock. The deadlock is a race: three chances.
+// Once it is reported, a second watch finds it already there and confirms
+// it at once, with the same owners.
 func TestHangFindsArenaOwner(t *testing.T) {
 	if _, err := rcache.Compiler(); err != nil {
 		testenv.Unavailable(t, "%v", err)
@@ -205,7 +348,7 @@ func TestHangFindsArenaOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
-		_, w, exited := startWatched(t, time.Second, b.Workload, "--variant", "legacy", "--stress", "--seconds", "20", "--watchdog", "60")
+		cmd, w, exited := startWatched(t, time.Second, b.Workload, "--variant", "legacy", "--stress", "--seconds", "20", "--watchdog", "60")
 		var h *events.Hang
 		select {
 		case h = <-w.Found():
@@ -215,47 +358,59 @@ func TestHangFindsArenaOwner(t *testing.T) {
 		case <-time.After(40 * time.Second):
 			t.Fatal("neither a deadlock nor an exit in 40s")
 		}
-		cache := hangThread(h, "vma_lock (librcache.so)")
-		arena := hangThread(h, "glibc malloc arena")
-		if cache == nil || arena == nil {
-			t.Fatalf("want waits for vma_lock and the arena, got %+v", h.Threads)
+		holder, hook := checkArenaHang(t, h)
+		t.Logf("attempt %d: deadlock: %d waits for the arena held by %d; %d waits for vma_lock held by %d",
+			attempt, holder.TID, hook.TID, hook.TID, holder.TID)
+		again := watchAgain(t, cmd.Process.Pid)
+		holder2, hook2 := checkArenaHang(t, again)
+		if holder2.TID != holder.TID || hook2.TID != hook.TID {
+			t.Errorf("the watch at the start found %d holding vma_lock and %d the arena, the timeout's %d and %d",
+				holder2.TID, hook2.TID, holder.TID, hook.TID)
 		}
-		// Follow the cycle: the arena waiter's owner must be a thread
-		// waiting for vma_lock from a hook inside free, and vma_lock's
-		// owner must be waiting for the arena.
-		var hook, holder *events.HangThread
-		for i := range h.Threads {
-			th := &h.Threads[i]
-			if th.LockKind == "arena" && th.Owner != 0 {
-				for j := range h.Threads {
-					if h.Threads[j].TID == th.Owner {
-						hook = &h.Threads[j]
-					}
-				}
-			}
-		}
-		if hook == nil || hook.LockName != "vma_lock (librcache.so)" {
-			t.Fatalf("the arena's owner is not a thread waiting for vma_lock: %+v", h.Threads)
-		}
-		for i := range h.Threads {
-			if h.Threads[i].TID == hook.Owner {
-				holder = &h.Threads[i]
-			}
-		}
-		if holder == nil || holder.LockKind != "arena" {
-			t.Fatalf("vma_lock's owner %d is not waiting for the arena: %+v", hook.Owner, h.Threads)
-		}
-		for _, fn := range []string{"pthread_mutex_lock", "rc_mem_cb", "rc_mem_release_hook", "rc_intercept_madvise", "_int_free", "free"} {
-			if !framesHave(hook.Stack, fn) {
-				t.Errorf("the hook's stack lacks %s:%s", fn, framesText(hook.Stack))
-			}
-		}
-		if !strings.Contains(arena.OwnerFrom, "stack") {
-			t.Errorf("arena owner found by %q", arena.OwnerFrom)
-		}
-		t.Logf("attempt %d: deadlock: %d waits for the arena held by %d (%s); %d waits for vma_lock held by %d",
-			attempt, holder.TID, hook.TID, arena.OwnerFrom, hook.TID, holder.TID)
 		return
 	}
 	t.Fatal("the legacy variant did not deadlock in three stress runs")
+}
+
+// checkArenaHang checks the registration cache's deadlock: the arena
+// waiter's owner is a thread waiting for vma_lock from a hook inside
+// free, found from its stack, and vma_lock's owner waits for the arena.
+// It returns the thread holding vma_lock and the hook's.
+func checkArenaHang(t *testing.T, h *events.Hang) (holder, hook *events.HangThread) {
+	t.Helper()
+	cache := hangThread(h, "vma_lock (librcache.so)")
+	arena := hangThread(h, "glibc malloc arena")
+	if cache == nil || arena == nil {
+		t.Fatalf("want waits for vma_lock and the arena, got %+v", h.Threads)
+	}
+	for i := range h.Threads {
+		th := &h.Threads[i]
+		if th.LockKind == "arena" && th.Owner != 0 {
+			for j := range h.Threads {
+				if h.Threads[j].TID == th.Owner {
+					hook = &h.Threads[j]
+				}
+			}
+		}
+	}
+	if hook == nil || hook.LockName != "vma_lock (librcache.so)" {
+		t.Fatalf("the arena's owner is not a thread waiting for vma_lock: %+v", h.Threads)
+	}
+	for i := range h.Threads {
+		if h.Threads[i].TID == hook.Owner {
+			holder = &h.Threads[i]
+		}
+	}
+	if holder == nil || holder.LockKind != "arena" {
+		t.Fatalf("vma_lock's owner %d is not waiting for the arena: %+v", hook.Owner, h.Threads)
+	}
+	for _, fn := range []string{"pthread_mutex_lock", "rc_mem_cb", "rc_mem_release_hook", "rc_intercept_madvise", "_int_free", "free"} {
+		if !framesHave(hook.Stack, fn) {
+			t.Errorf("the hook's stack lacks %s:%s", fn, framesText(hook.Stack))
+		}
+	}
+	if !strings.Contains(arena.OwnerFrom, "stack") {
+		t.Errorf("arena owner found by %q", arena.OwnerFrom)
+	}
+	return holder, hook
 }

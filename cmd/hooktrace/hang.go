@@ -25,7 +25,7 @@ type hangFlags struct {
 
 func (h *hangFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&h.timeout, "hang-timeout", 5*time.Second,
-		"report a deadlock when threads stay blocked in a wait-for cycle of locks this long (0: never)")
+		"report a deadlock when threads stay blocked in a wait-for cycle of locks this long; one already there when attach starts is confirmed at once, by samples (0: never)")
 	fl.StringVar(&h.onHang, "on-hang", "",
 		"what to do with a deadlocked target: kill or detach (default: kill for run, detach for attach)")
 }
@@ -107,8 +107,10 @@ func (s *session) onHang(h *hangWatch, found *events.Hang) string {
 	return "deadlock detected: hooktrace detached, the target still hangs"
 }
 
-// hangSummary says which threads wait for what: "threads 12 and 13 blocked
-// for 2s: 12 waits for vma_lock (librcache.so) held by 13; ...".
+// hangSummary says which threads wait for what: "threads 12, 13 blocked
+// for 2s: 12 waits for vma_lock (librcache.so) held by 13; ...", or, for
+// a cycle already there when the watch began, "threads 12, 13 blocked
+// since before hooktrace watched (none ran in 3 samples over 200ms): ...".
 func hangSummary(h *events.Hang) string {
 	var parts []string
 	var blocked []string
@@ -124,8 +126,16 @@ func hangSummary(h *events.Hang) string {
 		blocked = append(blocked, fmt.Sprint(t.TID))
 	}
 	sort.Strings(blocked)
-	return fmt.Sprintf("threads %s blocked for %v: %s", strings.Join(blocked, ", "),
-		time.Duration(h.Timeout), strings.Join(parts, "; "))
+	how := fmt.Sprintf("for %v", time.Duration(h.Timeout))
+	if h.AtStart {
+		how = fmt.Sprintf("since before hooktrace watched (none ran in %d samples over %v)", h.Samples,
+			time.Duration(h.Timeout).Round(time.Millisecond))
+	}
+	threads := "threads"
+	if len(blocked) == 1 {
+		threads = "thread"
+	}
+	return fmt.Sprintf("%s %s blocked %s: %s", threads, strings.Join(blocked, ", "), how, strings.Join(parts, "; "))
 }
 
 // waitTarget waits for run's target to exit while watching it for a
