@@ -127,6 +127,42 @@ func TestHangFooterGivesDeadlock(t *testing.T) {
 	}
 }
 
+// TestHangAtStartUnrecorded: attach watching for deadlocks alone (no
+// right to load BPF programs) found a deadlock already there when it
+// began. The finding is the one the timeout gives, and says how it was
+// confirmed; the stats say that no call was traced, and why.
+func TestHangAtStartUnrecorded(t *testing.T) {
+	timed := New(Options{})
+	timed.Add(&events.Record{Kind: events.RecHeader, Header: &events.Header{Version: events.Version, PID: 7, Recorder: "ebpf"}})
+	timed.Add(&events.Record{Kind: events.RecFooter, Footer: hangFooter()})
+
+	foot := hangFooter()
+	foot.Hang.AtStart, foot.Hang.Samples, foot.Hang.Timeout = true, 3, 2e8
+	a := New(Options{})
+	a.Add(&events.Record{Kind: events.RecHeader, Header: &events.Header{Version: events.Version, PID: 7, Recorder: "none",
+		Unrecorded: "not permitted to load BPF programs"}})
+	a.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
+	res := a.Result()
+	var f *Finding
+	for i := range res.Findings {
+		if res.Findings[i].Kind == KindDeadlock {
+			f = &res.Findings[i]
+		}
+	}
+	if f == nil {
+		t.Fatalf("no deadlock finding: %+v", res.Findings)
+	}
+	if want := timed.Result().Findings[0]; f.ID != want.ID || f.Title != want.Title {
+		t.Errorf("finding %s %q, the timeout's %s %q", f.ID, f.Title, want.ID, want.Title)
+	}
+	if !strings.Contains(f.Detail, "already blocked when hang detection started, and none of them ran in 3 samples over 200ms") {
+		t.Errorf("detail %q", f.Detail)
+	}
+	if res.Stats.Complete || res.Stats.Incomplete != "no calls traced, hang detection alone watched the process: not permitted to load BPF programs" {
+		t.Errorf("stats: complete %v, %q", res.Stats.Complete, res.Stats.Incomplete)
+	}
+}
+
 func TestHangFooterWithoutCycle(t *testing.T) {
 	foot := hangFooter()
 	foot.Hang.Threads[0].Owner = 0 // the arena's owner was not found

@@ -135,6 +135,9 @@ func (s *stream) stats() TraceStats {
 		ts.ProbeTime = f.ProbeTime
 		ts.StackReads = f.StackReads
 	}
+	if s.header != nil && s.header.Unrecorded != "" {
+		why = append(why, "no calls traced, hang detection alone watched the process: "+s.header.Unrecorded)
+	}
 	if ts.LostEvents > 0 {
 		why = append(why, itoa(ts.LostEvents)+" events lost")
 	}

@@ -384,8 +384,12 @@ type Header struct {
 	Allocator  string      `json:"allocator,omitempty"` // "glibc", "jemalloc", ...
 	// Recorder is what recorded the events: "ebpf" (uprobes and
 	// tracepoints) or "preload" (the preloaded library). Empty in files
-	// written before there was a choice: ebpf.
-	Recorder string `json:"recorder,omitempty"`
+	// written before there was a choice: ebpf. "none" when nothing was
+	// recorded and hang detection alone watched the process; Unrecorded
+	// then says why (attach without the right to load BPF programs, or a
+	// deadlock found before the probes were placed).
+	Recorder   string `json:"recorder,omitempty"`
+	Unrecorded string `json:"unrecorded,omitempty"`
 }
 
 // Footer closes a trace file. A file without one was cut short.

@@ -35,7 +35,8 @@ func Text(w io.Writer, res *analyzer.Result) error {
 func recorderText(st *analyzer.Stats) string {
 	var names []string
 	for _, t := range st.Traces {
-		if t.Recorder != "" && !slices.Contains(names, t.Recorder) {
+		// "none": the report's INCOMPLETE line says why.
+		if t.Recorder != "" && t.Recorder != "none" && !slices.Contains(names, t.Recorder) {
 			names = append(names, t.Recorder)
 		}
 	}

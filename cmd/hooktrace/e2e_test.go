@@ -88,6 +88,7 @@ type jsonReport struct {
 		LostEvents uint64            `json:"lost_events"`
 		Threads    int               `json:"threads"`
 		Complete   bool              `json:"complete"`
+		Incomplete string            `json:"incomplete"`
 		ExitStatus *int              `json:"exit_status"`
 		ExitSignal string            `json:"exit_signal"`
 		Calls      map[string]uint64 `json:"calls"`

@@ -23,6 +23,9 @@ const (
 	recorderAuto    = "auto"
 	recorderEBPF    = "ebpf"
 	recorderPreload = "preload"
+	// recorderNone is a trace's recorder when nothing recorded it (attach
+	// watching for deadlocks alone).
+	recorderNone = "none"
 )
 
 // recorder is a source of events for a session: the BPF tracer (uprobes

@@ -92,38 +92,47 @@ type session struct {
 }
 
 func newSession(f *traceFlags) (*session, error) {
+	s, opts, err := prepareSession(f)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := openRecorder(f, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.useRecorder(tr)
+	return s, nil
+}
+
+// prepareSession checks the flags and starts the trace's header; the
+// recorder is opened with the returned options.
+func prepareSession(f *traceFlags) (*session, source.Options, error) {
 	if f.mode != source.ModeAggregate && f.mode != source.ModeFull {
-		return nil, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, source.ModeAggregate, source.ModeFull)}
+		return nil, source.Options{}, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, source.ModeAggregate, source.ModeFull)}
 	}
 	probes, err := f.userProbes()
 	if err != nil {
-		return nil, err
+		return nil, source.Options{}, err
 	}
 	if err := f.hang.check(); err != nil {
-		return nil, err
+		return nil, source.Options{}, err
 	}
 	if err := f.rep.check(f.format, f.failOn); err != nil {
-		return nil, err
+		return nil, source.Options{}, err
 	}
 	ring, err := parseRingSize(f.ringSize)
 	if err != nil {
-		return nil, usageError{err}
+		return nil, source.Options{}, usageError{err}
 	}
-	tr, err := newRecorder(f, source.Options{
+	opts := source.Options{
 		Mode:        f.mode,
 		FollowForks: f.followForks,
 		RingBytes:   ring,
 		NoSamples:   f.noSamples,
 		UserProbes:  probes,
 		Warn:        func(s string) { slog.Warn(s) },
-	})
-	if err != nil {
-		return nil, explainRecorderError(f, err)
 	}
-	if f.autoWhy != "" {
-		fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", f.autoWhy)
-	}
-	s := &session{flags: f, tr: tr}
+	s := &session{flags: f}
 	s.header = events.Header{
 		Version:    events.Version,
 		Tool:       "hooktrace " + version,
@@ -133,11 +142,29 @@ func newSession(f *traceFlags) (*session, error) {
 		StartUnix:  time.Now().UnixNano(),
 		StartNS:    proc.Now(),
 		Mode:       f.mode,
-		Recorder:   recorderName(tr),
 		UserProbes: probes,
 		Forbid:     f.forbid,
 	}
-	return s, nil
+	return s, opts, nil
+}
+
+// openRecorder opens the recorder f names, saying on stderr why auto
+// chose eBPF.
+func openRecorder(f *traceFlags, opts source.Options) (recorder, error) {
+	tr, err := newRecorder(f, opts)
+	if err != nil {
+		return nil, explainRecorderError(f, err)
+	}
+	if f.autoWhy != "" {
+		fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", f.autoWhy)
+	}
+	return tr, nil
+}
+
+// useRecorder makes tr the session's recorder.
+func (s *session) useRecorder(tr recorder) {
+	s.tr = tr
+	s.header.Recorder = recorderName(tr)
 }
 
 // start opens the output and runs the reader until the returned reading
@@ -162,16 +189,34 @@ func (s *session) start() (*sess.Reading, error) {
 	return reading, nil
 }
 
+// startUnrecorded opens the output of a session that records nothing,
+// and says why: hang detection alone watches the process.
+func (s *session) startUnrecorded(why string) error {
+	s.header.Recorder = recorderNone
+	s.header.Unrecorded = why
+	output, err := expandOutputPath(s.flags.output, &s.header)
+	if err != nil {
+		return err
+	}
+	s.sink, err = sess.NewSink(output, &s.header)
+	return err
+}
+
 // finish writes the footer and closes the trace.
 func (s *session) finish(reason string, exit *int, signal string) (*events.Footer, error) {
-	s.status.stop()
-	foot := sess.Footer(s.tr)
+	foot := &events.Footer{Calls: map[string]uint64{}}
+	if s.tr != nil {
+		s.status.stop()
+		foot = sess.Footer(s.tr)
+	}
 	foot.EndNS = proc.Now()
 	foot.ExitStatus, foot.ExitSignal = exit, signal
 	foot.Reason = reason
 	foot.Hang = s.hang
 	err := s.sink.Close(foot)
-	s.tr.Close()
+	if s.tr != nil {
+		s.tr.Close()
+	}
 	return foot, err
 }
 
