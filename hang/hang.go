@@ -64,12 +64,14 @@ type Options struct {
 // right to read the process (ptrace's), not eBPF: Check says whether the
 // caller has it.
 type Watcher struct {
-	pid   int
-	opts  Options
-	found chan *events.Hang
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	pid     int
+	opts    Options
+	found   chan *events.Hang
+	settled chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+	settle  func() // closes settled, once
 }
 
 // Confirming a cycle that was already there when the watch started: each
@@ -90,13 +92,63 @@ func Watch(pid int, opts Options) *Watcher {
 	if opts.Warn == nil {
 		opts.Warn = func(string) {}
 	}
-	w := &Watcher{pid: pid, opts: opts, found: make(chan *events.Hang, 1),
+	w := &Watcher{pid: pid, opts: opts, found: make(chan *events.Hang, 1), settled: make(chan struct{}),
 		stop: make(chan struct{}), done: make(chan struct{})}
+	w.settle = sync.OnceFunc(func() { close(w.settled) })
 	seen := map[int]*waitSample{}
 	first := time.Now()
 	long, early, ok := w.sample(seen, first, true)
+	if !w.ownersBlocked(early) {
+		early = nil // no cycle to confirm
+	}
+	if len(early) == 0 {
+		w.settle()
+	}
 	go w.run(seen, first, long, early, ok)
 	return w
+}
+
+// Settled is closed once the threads blocked when the watch started are
+// known to close no cycle: at once when none of them waits for a mutex
+// that one of them owns, else when a sample finds none; not when they are
+// deadlocked (Found delivers that). A recorder started only then does not
+// compete with the diagnosis of a process already hung.
+func (w *Watcher) Settled() <-chan struct{} { return w.settled }
+
+// ownersBlocked reports whether one of the threads waits for a mutex
+// owned by one of them (a pthread mutex's __owner, or the futex word of a
+// priority-inheritance one; pthread_join's word is the joined thread's
+// TID, and no owner), read without a diagnosis: every wait-for
+// cycle has such a wait, since a thread waiting for an arena lock holds
+// none. When the memory cannot be read, it says true and leaves the
+// answer to the diagnosis.
+func (w *Watcher) ownersBlocked(threads []*waitSample) bool {
+	if len(threads) == 0 {
+		return false
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", w.pid))
+	if err != nil {
+		return true
+	}
+	defer mem.Close()
+	blocked := map[uint32]bool{}
+	for _, t := range threads {
+		blocked[uint32(t.tid)] = true
+	}
+	var b [MutexOwnerOffset + 4]byte
+	for _, t := range threads {
+		if n, _ := mem.ReadAt(b[:], int64(t.uaddr)); n < len(b) {
+			continue
+		}
+		owner := binary.LittleEndian.Uint32(b[MutexOwnerOffset:])
+		if t.cmd == futexLockPI || t.cmd == futexLockPI2 {
+			owner = binary.LittleEndian.Uint32(b[:]) & futexTIDMask
+		}
+		if blocked[owner] {
+			return true
+		}
+	}
+	return false
 }
 
 // Found delivers the deadlock once one is confirmed.
@@ -106,6 +158,7 @@ func (w *Watcher) Found() <-chan *events.Hang { return w.found }
 func (w *Watcher) Stop() {
 	w.once.Do(func() { close(w.stop) })
 	<-w.done
+	w.settle()
 }
 
 // Check says why the caller cannot watch pid: hang detection reads its
@@ -220,6 +273,9 @@ func (w *Watcher) run(seen map[int]*waitSample, first time.Time, long, early []*
 					next = now.Add(confirmInterval)
 				}
 			}
+			if !confirming {
+				w.settle()
+			}
 		}
 		if len(long) > 0 {
 			sort.Slice(long, func(i, j int) bool { return long[i].tid < long[j].tid })
@@ -244,6 +300,7 @@ func (w *Watcher) run(seen map[int]*waitSample, first time.Time, long, early []*
 		now = time.Now()
 		long, early, ok = w.sample(seen, now, false)
 	}
+	w.settle() // the process is gone
 }
 
 // sample reads every thread of the process, updating seen, and returns

@@ -63,6 +63,11 @@ func watchAgain(t *testing.T, pid int) *events.Hang {
 	defer w.Stop()
 	select {
 	case h := <-w.Found():
+		select {
+		case <-w.Settled():
+			t.Error("settled, yet deadlocked")
+		default:
+		}
 		if !h.AtStart || h.Samples < confirmSamples || h.Timeout < uint64((confirmSamples-1)*confirmInterval) || h.Action != "detach" {
 			t.Errorf("hang header: at start %v, %d samples over %v, action %s: want the deadlock confirmed by %d samples %v apart",
 				h.AtStart, h.Samples, time.Duration(h.Timeout), h.Action, confirmSamples, confirmInterval)
@@ -264,6 +269,13 @@ int main(void) {
 	waitHung(t, w, exited)
 	w = Watch(cmd.Process.Pid, Options{Timeout: 300 * time.Millisecond, ArenaHeld: analyzer.ArenaHeld, Action: "kill"})
 	defer w.Stop()
+	// The thread waiting without a deadline waits for a lock of one that
+	// has one: nothing to confirm at the start.
+	select {
+	case <-w.Settled():
+	default:
+		t.Error("not settled at once")
+	}
 	select {
 	case h := <-w.Found():
 		if h.AtStart || h.Timeout != uint64(300*time.Millisecond) {

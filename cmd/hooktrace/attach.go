@@ -15,6 +15,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/hang"
+	"github.com/hooktrace/hooktrace/internal/proc"
 	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
@@ -148,13 +149,26 @@ type placing struct {
 }
 
 // place opens the recorder and places its probes in the process while
-// hang detection watches it. It returns the reading (nil when nothing
+// hang detection watches it (once it has ruled out a deadlock already
+// there, if threads were waiting for each other's locks). It returns the reading (nil when nothing
 // records: eBPF not permitted, which hang detection alone then makes up
 // for), or the footer's reason when the attach ended before the probes
 // were live: a deadlock found, a signal.
 func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
 	placed := make(chan placing, 1)
+	cancel := make(chan struct{})
 	go func() {
+		// Threads that may already be deadlocked are diagnosed first: the
+		// BPF loader's work would slow that down. Without the privileges
+		// for it, the recorder fails at once and says why.
+		if proc.MayLoadBPF() {
+			select {
+			case <-a.hang.settled():
+			case <-cancel:
+				placed <- placing{}
+				return
+			}
+		}
 		tr, err := openRecorder(a.s.flags, opts)
 		if err == nil {
 			if err = tr.Attach(a.pid, ""); err != nil {
@@ -166,6 +180,7 @@ func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
 	}()
 	// Attach ends before the probes are live: they are closed once placed.
 	abandon := func(why string) error {
+		close(cancel)
 		go func() {
 			if p := <-placed; p.tr != nil {
 				p.tr.Close()

@@ -84,6 +84,17 @@ func (h *hangWatch) found() <-chan *events.Hang {
 	return h.w.Found()
 }
 
+// settled is closed once hang detection knows that the threads blocked
+// when it started are not deadlocked; at once without hang detection.
+func (h *hangWatch) settled() <-chan struct{} {
+	if h == nil {
+		done := make(chan struct{})
+		close(done)
+		return done
+	}
+	return h.w.Settled()
+}
+
 func (h *hangWatch) stop() {
 	if h != nil {
 		h.w.Stop()

@@ -10,13 +10,13 @@
 package testenv
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/internal/proc"
 )
 
 // CI reports whether the tests run under CI, where nothing may be skipped.
@@ -33,13 +33,6 @@ func Unavailable(tb testing.TB, format string, args ...any) {
 	tb.Skip(msg)
 }
 
-// Capability bits of /proc/self/status's CapEff (linux/capability.h).
-const (
-	capSysAdmin = 21
-	capPerfmon  = 38
-	capBPF      = 39
-)
-
 // RequireBPF stops a test that cannot load BPF programs and attach uprobes
 // here: it needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN, as root has),
 // and kernel BTF, which the committed objects' CO-RE relocations read.
@@ -51,36 +44,16 @@ func RequireBPF(tb testing.TB) {
 }
 
 func bpfMissing() string {
-	caps, err := effectiveCaps()
-	if err != nil {
+	if _, err := proc.EffectiveCaps(); err != nil {
 		return err.Error()
 	}
-	both := uint64(1)<<capBPF | uint64(1)<<capPerfmon
-	if caps&(1<<capSysAdmin) == 0 && caps&both != both {
+	if !proc.MayLoadBPF() {
 		return "no CAP_BPF and CAP_PERFMON (run as root)"
 	}
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return "no kernel BTF (/sys/kernel/btf/vmlinux)"
 	}
 	return ""
-}
-
-// effectiveCaps reads this process's effective capability set.
-func effectiveCaps() (uint64, error) {
-	status, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, fmt.Errorf("reading capabilities: %w", err)
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				return 0, fmt.Errorf("reading capabilities: parsing %q: %w", line, err)
-			}
-			return caps, nil
-		}
-	}
-	return 0, errors.New("reading capabilities: no CapEff in /proc/self/status")
 }
 
 // Tool returns the path of the first of names found in PATH, and stops
