@@ -52,9 +52,9 @@ type Options struct {
 // A cycle already there when the watch starts (attach to a hung process)
 // is confirmed by samples, the way one would check it in a debugger:
 // confirmSamples samples, confirmInterval apart, must each find the same
-// threads blocked on the same locks with the same owners, and no thread
-// that was blocked at the first sample may have run since. Threads that
-// block later must stay blocked, without running, for Timeout.
+// threads blocked on the same locks with the same owners, none of them
+// having run since the first sample. Threads that block later must stay
+// blocked, without running, for Timeout.
 //
 // Everything comes from /proc: a thread's state and the futex it waits on
 // (/proc/PID/task/TID/syscall, whose last two fields are the user stack
