@@ -173,6 +173,7 @@ func (a *Analyzer) hookAcquire(t *thread, q acquisition) {
 	}
 	ed := a.edgeFor(t.proc.arenaLock(a), q.inst)
 	ed.holdCount[hold]++
+	ed.noteCall(sg)
 	if old := ed.seen[dt]; old == nil || old.hold < hold {
 		ed.seen[dt] = sg
 	}
@@ -236,6 +237,7 @@ func (p pendingHold) revise(hold arenaHold, reason string) {
 	ed.holdCount[hold]++
 	if hold == holdHeld || ed.holdCount[holdMaybe] == 0 {
 		s.hold, s.holdReason = hold, reason
+		ed.noteCall(s)
 	}
 	if cur := ed.seen[p.dt]; cur == nil || cur.hold < s.hold {
 		ed.seen[p.dt] = s

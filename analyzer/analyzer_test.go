@@ -78,6 +78,88 @@ func TestIDStability(t *testing.T) {
 	}
 }
 
+// TestIDsIgnoreFirstSighting: a finding's ID is what it is, not which of
+// its sightings came first. The same sightings in two orders (which
+// allocator call a hook was first seen in, which hooked call, which site
+// held a lock around free first, which site re-took an error-checking
+// mutex first) give the same IDs; the titles name every allocator call.
+func TestIDsIgnoreFirstSighting(t *testing.T) {
+	const hookLock = 0x601300
+	sbrkHook := []string{"pthread_mutex_lock" + libc, "ucm_event_enter@libucm.so", "ucm_sbrk@libucm.so",
+		"__glibc_morecore" + libc, "sysmalloc" + libc, "_int_malloc" + libc, "_int_realloc" + libc, "realloc" + libc, "grow"}
+	munmapHook := []string{"pthread_mutex_lock" + libc, "ucm_event_enter_exclusive@libucm.so", "ucm_munmap@libucm.so",
+		"munmap" + libc, "alloc_new_heap" + libc, "new_heap" + libc, "sysmalloc" + libc, "_int_malloc" + libc, "malloc" + libc, "get"}
+	pieces := [][2]func(b *tracebuild.Trace){
+		{func(b *tracebuild.Trace) {
+			b.Alloc(1, events.OpRealloc, 0x7f0000100010, 4096, "realloc"+libc, "grow")
+			b.InAlloc(1, events.OpMutexLock, hookLock, events.OpRealloc, sbrkHook...)
+			b.Unlock(1, hookLock)
+		}, func(b *tracebuild.Trace) {
+			b.Alloc(2, events.OpMalloc, 0, 64, "malloc"+libc, "get")
+			b.InAlloc(2, events.OpMutexLock, hookLock, events.OpMalloc, munmapHook...)
+			b.Unlock(2, hookLock)
+		}},
+		{func(b *tracebuild.Trace) {
+			b.Lock(3, vma, "pthread_mutex_lock"+libc, "vma_insert"+rcache)
+			b.Alloc(3, events.OpFree, 0x7f0000200010, 32, "free"+libc, "vma_insert"+rcache)
+			b.Unlock(3, vma)
+		}, func(b *tracebuild.Trace) {
+			b.Lock(4, vma, "pthread_mutex_lock"+libc, "vma_remove"+rcache)
+			b.Alloc(4, events.OpFree, 0x7f0000300010, 32, "free"+libc, "vma_remove"+rcache)
+			b.Unlock(4, vma)
+		}},
+		{func(b *tracebuild.Trace) {
+			b.LockKind(6, lockM, events.MutexErrorCheck, "pthread_mutex_lock"+libc, "enqueue")
+			b.LockKind(6, lockM, events.MutexErrorCheck, "pthread_mutex_lock"+libc, "enqueue_again")
+			b.Unlock(6, lockM)
+		}, func(b *tracebuild.Trace) {
+			b.LockKind(7, lockM, events.MutexErrorCheck, "pthread_mutex_lock"+libc, "requeue")
+			b.LockKind(7, lockM, events.MutexErrorCheck, "pthread_mutex_lock"+libc, "requeue_again")
+			b.Unlock(7, lockM)
+		}},
+	}
+	build := func(swap bool) *Result {
+		b := named(tracebuild.New(100, nil)).Name(hookLock, "event_lock (libucm.so)")
+		openMPIThreadB(b, 5, shrinkHeapHookStack...)
+		for _, p := range pieces {
+			if swap {
+				p[1](b)
+				p[0](b)
+			} else {
+				p[0](b)
+				p[1](b)
+			}
+		}
+		return analyze(Options{}, b.Footer(nil))
+	}
+	one, two := build(false), build(true)
+	for _, f := range one.Findings {
+		t.Logf("%s %s %s", f.ID, f.Severity, f.Title)
+	}
+	if a, b := findingIDs(one), findingIDs(two); !reflect.DeepEqual(a, b) {
+		t.Fatalf("IDs moved with the order of sightings:\n%v\n%v", a, b)
+	}
+	want := map[Kind]int{KindHookLock: 1, KindSelfDeadlock: 2}
+	for kind, n := range want {
+		if got := len(ofKind(one, kind)); got != n {
+			t.Errorf("%d %s findings, want %d", got, kind, n)
+		}
+	}
+	for _, res := range []*Result{one, two} {
+		hook := ofKind(res, KindHookLock)
+		if len(hook) != 1 || hook[0].Title != "memory hook takes event_lock (libucm.so) inside malloc and realloc" ||
+			!strings.HasPrefix(hook[0].Detail, "First seen: ") || hook[0].Occurrences != 1 || len(hook[0].Edges) != 2 {
+			t.Fatalf("hook-lock: %+v", hook)
+		}
+		// One example per allocator call, in a fixed order.
+		for i, fn := range []string{"malloc", "realloc"} {
+			if e := hook[0].Edges[i]; !contains(stackFunctions(e.Stack), fn) || e.Arena != "held" {
+				t.Errorf("edge %d: %s, arena %s, stack %v; want %s's", i, e.Context, e.Arena, stackFunctions(e.Stack), fn)
+			}
+		}
+	}
+}
+
 func TestDeterministicJSON(t *testing.T) {
 	var outs []string
 	for i := 0; i < 3; i++ {

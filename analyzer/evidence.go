@@ -105,7 +105,7 @@ func (a *Analyzer) checkOutlived(t *thread, e *events.Event) {
 	t.outlived = nil
 	s.contradicted++
 	a.checks.ImpossibleSelfDeadlocks++
-	k := incKey{incSelf, s.inst.id, itoa(uint64(s.kind)) + boolWord(s.viaHook)}
+	k := incKey{incSelf, s.inst.id, itoa(uint64(s.kind)) + boolWord(s.viaHook) + s.allocOp.String()}
 	if r := a.incons[k]; r != nil {
 		r.count++
 		return
@@ -208,7 +208,14 @@ func (a *Analyzer) inconsistencyFindings(n *naming) []Finding {
 			continue
 		}
 		lock := n.of(r.inst)
-		id := findingID(KindTraceInconsistency, itoa(uint64(r.kind)), n.key(r.inst), stableSite(callerFrame(r.event.stack)))
+		// An unlock's site is what it is (each site has its own record);
+		// a self-deadlock's record is its lock's first sighting, at
+		// whichever site came first.
+		site := stableSite(callerFrame(r.event.stack))
+		if r.kind == incSelf {
+			site = ""
+		}
+		id := findingID(KindTraceInconsistency, itoa(uint64(r.kind)), n.key(r.inst), site)
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += r.count
 			continue

@@ -1,10 +1,21 @@
 package analyzer
 
+import (
+	"strings"
+
+	"github.com/hooktrace/hooktrace/events"
+)
+
 // hookLockFindings reports locks taken by hooks inside allocator calls
 // that are on no reported cycle (informational: the dangerous half of the
 // memory-hook deadlock, or a path that cannot deadlock with the arena).
+// A finding is the lock class and the arena verdict: which allocator call
+// or hooked call a hook was first seen in depends on timing, so those are
+// said in the title (every call it was seen in) and the detail (the first
+// sighting), not in the ID.
 func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed map[*instance]bool) []Finding {
 	var out []Finding
+	var calls []uint64 // by finding: the allocator calls (opBit) it was seen in
 	index := map[string]int{}
 	for _, ed := range a.edgeList {
 		if ed.from.typ != typeArena || onCycle[ed] || closed[ed.to] {
@@ -16,30 +27,43 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed ma
 				continue
 			}
 			lock := n.of(ed.to)
-			id := findingID(KindHookLock, n.key(ed.to), s.hold.String(), s.allocOp.String(), s.via,
-				stableSite(callerFrame(s.stack)))
+			id := findingID(KindHookLock, n.key(ed.to), s.hold.String())
+			examples := ed.callSightings(s.hold)
+			if len(examples) == 0 {
+				examples = []*sighting{s}
+			}
+			var seenIn uint64
+			for _, c := range examples {
+				seenIn |= opBit(c.allocOp)
+			}
 			if i, ok := index[id]; ok {
 				out[i].Occurrences += ed.weight
 				out[i].Instances = appendSet(out[i].Instances, lock)
+				calls[i] |= seenIn
 				continue
 			}
 			index[id] = len(out)
+			calls = append(calls, seenIn)
 			f := Finding{
 				ID:          id,
 				Kind:        KindHookLock,
 				Severity:    SeverityInfo,
-				Title:       "memory hook takes " + lock + " inside " + s.allocOp.String(),
 				Locks:       []string{lock},
-				Edges:       []Edge{edgeOut(n, ed, s)},
-				Threads:     []uint32{s.tid},
 				Occurrences: ed.weight,
 				Instances:   [][]string{{lock}},
 			}
-			hook := "A hook"
+			tids := map[uint32]bool{}
+			for _, c := range examples {
+				f.Edges = append(f.Edges, edgeOut(n, ed, c))
+				tids[c.tid] = true
+			}
+			f.Threads = sortedTIDs(tids)
+			hook := "a hook"
 			if s.via != "" {
 				hook += " in " + s.via
 			}
-			f.Detail = hook + " running inside " + s.allocOp.String() + " takes " + lock + ". " + s.holdReason + ". "
+			f.Detail = "First seen: " + hook + " running inside " + s.allocOp.String() + " takes " + lock + " at " + s.hook +
+				" (" + threadLabel(s.stream, s.tid) + sourceText(s.stream) + "). " + s.holdReason + ". "
 			if s.hold == holdNotHeld {
 				f.Detail += "This path alone cannot deadlock against the allocator. "
 			} else {
@@ -48,15 +72,53 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed ma
 			}
 			f.Detail += "Any allocator call that can run this hook orders the locks its thread holds before " + lock +
 				"; none of those orders closes a cycle here."
+			if len(examples) > 1 {
+				f.Detail += " One edge per allocator call it was seen in, each that call's first sighting."
+			}
 			out = append(out, f)
 		}
 	}
 	for i := range out {
+		out[i].Title = "memory hook takes " + out[i].Locks[0] + " inside " + opList(calls[i])
 		if len(out[i].Instances) < 2 {
 			out[i].Instances = nil
 		}
 	}
 	return out
+}
+
+// opBit is op's bit in a set of calls (events.Op values are below 64).
+func opBit(op events.Op) uint64 {
+	if op == events.OpNone || int(op) >= opSlots {
+		return 0
+	}
+	return 1 << op
+}
+
+// opList names a set of calls, in the order of their op numbers:
+// "malloc", "malloc and free", "malloc, realloc and free".
+func opList(set uint64) string {
+	var names []string
+	for op := events.Op(1); int(op) < opSlots; op++ {
+		if set&opBit(op) != 0 {
+			names = append(names, op.String())
+		}
+	}
+	switch len(names) {
+	case 0:
+		return "an allocator call"
+	case 1:
+		return names[0]
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+}
+
+// sourceText is ", in SOURCE" for a stream read from a named trace.
+func sourceText(s *stream) string {
+	if s.source == "" {
+		return ""
+	}
+	return ", in " + s.source
 }
 
 // reentryFindings reports allocator calls made by hooks running inside an
@@ -66,7 +128,9 @@ func (a *Analyzer) reentryFindings() []Finding {
 	index := map[string]int{}
 	for _, r := range a.reentryList {
 		caller := allocCallerFrame(r.stack)
-		id := findingID(KindAllocatorReentry, r.outer.String(), r.inner.String(), r.via, stableSite(caller))
+		// The hooked call (via) may be learnt from an earlier event of the
+		// allocator call, which is timing: not part of what it is.
+		id := findingID(KindAllocatorReentry, r.outer.String(), r.inner.String(), stableSite(caller))
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += r.count
 			continue

@@ -218,21 +218,35 @@ type sigDep struct {
 
 func appendEdgeSignature(b []byte, other int64, ed *edge) []byte {
 	b = binary.AppendVarint(b, other)
+	var present byte
 	for dt, s := range ed.seen {
-		if s == nil {
-			continue
+		if s != nil {
+			present |= 1 << dt
 		}
-		b = append(b, byte(dt), byte(s.heldOp), byte(s.op), byte(s.allocOp), byte(s.hold),
-			flagByte(s.heldRead, s.read, s.timed))
-		b = binary.AppendUvarint(b, uint64(s.pid))
-		b = binary.AppendUvarint(b, uint64(s.tid))
-		b = binary.AppendUvarint(b, stackID(s.heldStack))
-		b = binary.AppendUvarint(b, stackID(s.stack))
-		b = appendString(b, s.via)
-		b = appendString(b, s.hook)
-		b = appendString(b, s.holdReason)
 	}
-	return append(b, 0xff)
+	b = append(b, present)
+	for _, s := range ed.seen {
+		if s != nil {
+			b = appendSighting(b, s)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(ed.byCall)))
+	for _, s := range ed.byCall {
+		b = appendSighting(b, s)
+	}
+	return b
+}
+
+func appendSighting(b []byte, s *sighting) []byte {
+	b = append(b, byte(s.heldOp), byte(s.op), byte(s.allocOp), byte(s.hold),
+		flagByte(s.heldRead, s.read, s.timed))
+	b = binary.AppendUvarint(b, uint64(s.pid))
+	b = binary.AppendUvarint(b, uint64(s.tid))
+	b = binary.AppendUvarint(b, stackID(s.heldStack))
+	b = binary.AppendUvarint(b, stackID(s.stack))
+	b = appendString(b, s.via)
+	b = appendString(b, s.hook)
+	return appendString(b, s.holdReason)
 }
 
 func stackID(st *events.Stack) uint64 {

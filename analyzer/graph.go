@@ -1,6 +1,8 @@
 package analyzer
 
 import (
+	"sort"
+
 	"github.com/hooktrace/hooktrace/events"
 )
 
@@ -80,6 +82,37 @@ type edge struct {
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).
 	holdCount [holdHeld + 1]uint32
+	// Allocator → lock dependencies: the most telling sighting of each
+	// allocator call hooks were seen taking the lock in (noteCall).
+	byCall []*sighting
+}
+
+// noteCall keeps s, a hook's sighting of an allocator → lock dependency,
+// as its allocator call's example: the first one, unless a later one
+// found the arena lock held where the earlier did not.
+func (ed *edge) noteCall(s *sighting) {
+	for i, old := range ed.byCall {
+		if old.allocOp == s.allocOp {
+			if old.hold < s.hold {
+				ed.byCall[i] = s
+			}
+			return
+		}
+	}
+	ed.byCall = append(ed.byCall, s)
+}
+
+// callSightings are the examples of ed's allocator calls with the verdict
+// hold, in the order of their op numbers.
+func (ed *edge) callSightings(hold arenaHold) []*sighting {
+	var out []*sighting
+	for _, s := range ed.byCall {
+		if s.hold == hold {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].allocOp < out[j].allocOp })
+	return out
 }
 
 func edgeKey(from, to *instance) uint64 {

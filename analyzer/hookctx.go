@@ -398,7 +398,8 @@ func hookSelfVerdict(l *hookLink) (kind Kind, sev Severity, why string, ok bool)
 }
 
 // hookSelfFindings reports L == M hazards, merged by lock class and the
-// sites of the allocator call and of the hook.
+// allocator call made under the lock; the details and edges are those of
+// the first sighting.
 func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 	var out []Finding
 	index := map[string]int{}
@@ -414,8 +415,9 @@ func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 			continue
 		}
 		lock := n.of(u.inst)
-		id := findingID(kind, "hook context", n.key(u.inst), u.op.String(), h.via,
-			stableSite(allocCallerFrame(u.allocStack)), stableSite(callerFrame(h.stack)))
+		// What it is: the lock class and the allocator call made under it.
+		// Which hooked call and which sites were seen first is timing.
+		id := findingID(kind, "hook context", n.key(u.inst), u.op.String())
 		if i, ok := index[id]; ok {
 			out[i].Occurrences++
 			continue

@@ -70,8 +70,10 @@ type Result struct {
 
 // Finding is one problem, deduplicated by lock classes and code sites.
 type Finding struct {
-	// ID is stable across machines and runs: it hashes the kind, lock
-	// classes and function names, never addresses, TIDs or PIDs.
+	// ID is stable across machines and runs: it hashes what the finding
+	// is (the kind, lock classes, allocator calls, function names), never
+	// addresses, TIDs, PIDs or which sighting came first, which the detail
+	// and edges give.
 	ID       string   `json:"id"`
 	Kind     Kind     `json:"kind"`
 	Severity Severity `json:"severity"`

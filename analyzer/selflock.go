@@ -21,6 +21,7 @@ type selfKey struct {
 	inst    int32
 	kind    selfKind
 	viaHook bool
+	allocOp events.Op // the allocator call the hook ran in, if viaHook
 }
 
 type selfSighting struct {
@@ -46,7 +47,11 @@ type selfSighting struct {
 func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind) {
 	viaHook := q.inAlloc && !h.inAlloc
 	h.inst.pinned = true // the key holds its id
-	key := selfKey{h.inst.id, kind, viaHook}
+	allocOp := events.OpNone
+	if viaHook {
+		allocOp = t.enclosingAllocOp(q.e)
+	}
+	key := selfKey{h.inst.id, kind, viaHook, allocOp}
 	if s := a.selfLocks[key]; s != nil {
 		s.count++
 		t.expectStop(s)
@@ -67,7 +72,7 @@ func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind
 		count:     1,
 	}
 	if viaHook {
-		s.allocOp = t.enclosingAllocOp(q.e)
+		s.allocOp = allocOp
 		s.allocStack = t.allocCallStack(st, s.allocOp)
 		s.via = t.hookVia(st)
 	}
@@ -94,7 +99,9 @@ func (s *selfSighting) disproved() bool {
 	return s.count > 0 && (s.contradicted == s.count || s.contradicted > 0 && s.stream.lossy())
 }
 
-// selfFindings merges self-lock sightings by lock class and code site.
+// selfFindings merges self-lock sightings by lock class, what happened and,
+// for a hook, the allocator call it ran in; the sites of the first
+// sighting are in the edges.
 func (a *Analyzer) selfFindings(n *naming) []Finding {
 	var out []Finding
 	index := map[string]int{}
@@ -103,7 +110,6 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 			continue // reported as a trace inconsistency
 		}
 		lock := n.of(s.inst)
-		siteKey := stableSite(callerFrame(s.stack))
 		kind, sev := KindSelfDeadlock, SeverityError
 		switch s.kind {
 		case selfRecursiveHook:
@@ -111,7 +117,7 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 		case selfReadReentry, selfTimed, selfErrorCheck:
 			sev = SeverityWarning
 		}
-		id := findingID(kind, n.key(s.inst), itoa(uint64(s.kind)), boolWord(s.viaHook), s.allocOp.String(), s.via, siteKey)
+		id := findingID(kind, n.key(s.inst), itoa(uint64(s.kind)), boolWord(s.viaHook), s.allocOp.String())
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += s.count
 			out[i].Instances = appendSet(out[i].Instances, lock)

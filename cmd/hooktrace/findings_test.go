@@ -174,9 +174,9 @@ func verdicts(fs []finding) string {
 var hookedCall = regexp.MustCompile(` in (madvise|munmap|mremap|mmap|brk|sbrk)\b`)
 
 // sameFindings reports whether two recorders found the same: the same
-// kinds, severities, titles and locks, and the same IDs, except where the
-// eBPF recorder saw the hooked syscall: a hook-context finding's title and
-// ID name it, and a hook-lock finding's ID does.
+// IDs, kinds, severities, titles and locks, except that a hook-context
+// finding's title names the hooked syscall where the eBPF recorder saw it
+// (a finding's ID never does).
 func sameFindings(a, b []finding) bool {
 	if len(a) != len(b) {
 		return false
@@ -184,9 +184,8 @@ func sameFindings(a, b []finding) bool {
 	key := func(f finding) string {
 		locks := slices.Clone(f.Locks)
 		slices.Sort(locks)
-		return f.Kind + "\x00" + f.Severity + "\x00" + hookedCall.ReplaceAllString(f.Title, "") + "\x00" + strings.Join(locks, "\x00")
+		return f.ID + "\x00" + f.Kind + "\x00" + f.Severity + "\x00" + hookedCall.ReplaceAllString(f.Title, "") + "\x00" + strings.Join(locks, "\x00")
 	}
-	names := func(f finding) bool { return f.Kind == "hook-lock" || hookedCall.MatchString(f.Title) }
 	byKey := func(fs []finding) []finding {
 		fs = slices.Clone(fs)
 		slices.SortStableFunc(fs, func(x, y finding) int { return strings.Compare(key(x), key(y)) })
@@ -194,7 +193,7 @@ func sameFindings(a, b []finding) bool {
 	}
 	a, b = byKey(a), byKey(b)
 	for i := range a {
-		if key(a[i]) != key(b[i]) || (a[i].ID != b[i].ID && !names(a[i]) && !names(b[i])) {
+		if key(a[i]) != key(b[i]) {
 			return false
 		}
 	}
