@@ -53,7 +53,8 @@ type Analyzer struct {
 	hookSelfs    map[hookSelfKey]bool
 	hookSelfList []*hookLink
 
-	// The trace's own contradictions.
+	// The trace's own contradictions (the lock misuse is counted by
+	// stream).
 	checks    TraceChecks
 	incons    map[incKey]*inconsistency
 	inconList []*inconsistency
@@ -243,7 +244,7 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 			inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive
 		}
 	case events.OpMutexDestroy, events.OpRwlockDestroy, events.OpSpinDestroy:
-		t.proc.end(e.Addr)
+		a.destroyLock(t, e)
 	case events.OpCondWait, events.OpCondTimedwait:
 		if e.Flags&events.FlagReturn == 0 {
 			// Waiting releases the mutex completely.
@@ -281,7 +282,9 @@ func (a *Analyzer) Result() *Result {
 	res.Findings = append(res.Findings, cycles.findings...)
 	res.Findings = append(res.Findings, a.selfFindings(names)...)
 	res.Findings = append(res.Findings, a.hookSelfFindings(names)...)
-	res.Findings = append(res.Findings, a.inconsistencyFindings(names)...)
+	res.Findings = append(res.Findings, a.selfInconsistencyFindings(names)...)
+	misuse, misused := a.misuseFindings(names)
+	res.Findings = append(res.Findings, misuse...)
 	res.Findings = append(res.Findings, a.hookLockFindings(names, cycles.arenaEdges, a.hookClosed(cycles.edgeFindings))...)
 	res.Findings = append(res.Findings, a.reentryFindings()...)
 	res.Findings = append(res.Findings, a.nestingFindings()...)
@@ -289,7 +292,7 @@ func (a *Analyzer) Result() *Result {
 		res.Findings = append(res.Findings, st.hangFindings()...)
 	}
 	res.Stats = a.stats(names)
-	res.Graph = a.graph(names, cycles.edgeFindings)
+	res.Graph = a.graph(names, cycles.edgeFindings, misused)
 	res.Sort()
 	return res
 }

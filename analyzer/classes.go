@@ -20,7 +20,7 @@ type instance struct {
 
 	name       string        // the lock's symbol, when static
 	initStack  *events.Stack // pthread_mutex_init's stack, if seen
-	firstStack *events.Stack // the first acquisition's stack
+	firstStack *events.Stack // the first acquisition's stack (or misuse's, until one)
 	used       bool          // taken at least once
 
 	// Lifetime and folding (fold.go). id is a slot, reused once the
@@ -124,8 +124,13 @@ func classOf(inst *instance) (name, key string) {
 		f := callerFrame(inst.initStack)
 		return word + " initialised at " + site(f), word + " initialised at " + stableSite(f)
 	case callerFrame(inst.firstStack) != nil:
+		// A lock never taken, only misused (unlocked), is named by that.
+		verb := " first taken at "
+		if !inst.used {
+			verb = " first used at "
+		}
 		f := callerFrame(inst.firstStack)
-		return word + " first taken at " + site(f), word + " first taken at " + stableSite(f)
+		return word + verb + site(f), word + verb + stableSite(f)
 	}
 	return word + " (no name, no stack)", word + " unnamed"
 }
@@ -133,6 +138,15 @@ func classOf(inst *instance) (name, key string) {
 func (n *naming) of(inst *instance) string {
 	if l := n.label[inst.id]; l != "" {
 		return l
+	}
+	name, _ := classOf(inst)
+	return name
+}
+
+// className is inst's class name, without the " #n" of n.of.
+func (n *naming) className(inst *instance) string {
+	if c := n.class[inst.id]; c != nil {
+		return c.name
 	}
 	name, _ := classOf(inst)
 	return name

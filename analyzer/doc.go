@@ -1,6 +1,7 @@
 // Package analyzer turns hooktrace event streams into findings: potential
 // deadlocks, self-deadlocks, allocator re-entry from memory hooks, locks
-// taken by hooks, and forbidden nesting of user-probed functions.
+// taken by hooks, forbidden nesting of user-probed functions, and lock
+// misuse.
 //
 // It is pure and deterministic: the same records in the same order give the
 // same Result, byte for byte once rendered. It never stores events; memory
@@ -182,13 +183,26 @@
 // wrong (a lost unlock, a failed trylock read as a success, another lock
 // at the same address), and the finding would be impossible: it becomes a
 // trace-inconsistency warning with the events around it (the error stands
-// when some sighting was not outlived). An unlock of a lock no thread
-// holds, and an unlock of a lock another thread holds (then released from
-// that thread), are inconsistencies too; in an attach (a header with no
-// command) a thread's unlock of a lock it was never seen taking is not
-// counted: it may have taken the lock before the attach (and a waiter,
-// traced at its lock call's entry, is not the holder). Stats.TraceChecks counts all three in
+// when some sighting was not outlived). Stats.TraceChecks counts them in
 // every report.
+//
+// # Lock misuse
+//
+// An unlock of a lock no thread holds, an unlock of a lock another thread
+// holds (released from that thread, unless glibc checks the owner: an
+// error-checking or recursive mutex), and a destroy of a held lock (a
+// held mutex outlives it: glibc refuses with EBUSY) are lock-misuse
+// warnings, with the call's stack and the holder's acquisition, merged
+// per call, lock class and calling function: whether another thread
+// still held the lock is timing, not part of the ID. The recorders send
+// such calls with their stack and the holder the lock's word names, so
+// a holder whose acquisition aggregate mode only counted is named too.
+// A lost event makes the same records, so in a trace that lost events or
+// was cut short they are trace inconsistencies that say so, counted in
+// Stats.TraceChecks; in a complete one, in Stats.LockMisuse. In an attach
+// (a header with no command) a thread's unlock of a lock it was never
+// seen taking is neither: it may have taken the lock before the attach
+// (and a waiter, traced at its lock call's entry, is not the holder).
 //
 // # Peers
 //
@@ -205,9 +219,10 @@
 //     grows with instances and edges, never with events);
 //   - WW: liblockdep reports a deadlock; glibc's rwlock knows its writer
 //     and fails the second wrlock with EDEADLK, so hooktrace warns;
-//   - unlock balance: liblockdep reports the program; hooktrace, seeing the
-//     program through probes, reports the records as a trace inconsistency
-//     (a lost event and a program bug look alike from outside).
+//   - unlock balance: liblockdep reports the program, and so does
+//     hooktrace (lock misuse) when the trace is complete; with events
+//     lost it is a trace inconsistency (a lost event and a program bug
+//     look alike from outside).
 //
 // # Cycles
 //

@@ -10,32 +10,30 @@ import (
 // mean the tracer lost or misattributed an event, and a finding drawn from
 // them would be impossible. They are reported as trace inconsistencies
 // (warnings) and counted in Stats, so a tracer regression shows in every
-// report.
+// report. Lock misuse (misuse.go) in a trace that lost events or was cut
+// short may be a lost event too: it is counted and reported here then.
 
 // TraceChecks counts the records that contradict each other.
 type TraceChecks struct {
 	// A thread took a non-recursive lock it held, which waits forever,
 	// then recorded more events.
 	ImpossibleSelfDeadlocks uint64 `json:"impossible_self_deadlocks"`
-	// Unlocks of a lock no thread was seen holding (in an attach, a
-	// thread's unlocks of locks it was never seen taking are not counted:
-	// it may have taken them before).
-	UnheldUnlocks uint64 `json:"unheld_unlocks"`
-	// Unlocks of a lock another thread holds.
-	ForeignUnlocks uint64 `json:"foreign_unlocks"`
+	// Lock misuse in traces that lost events or were cut short: a lost
+	// lock or unlock makes the same records.
+	LockMisuse
 }
 
 // Total is the number of inconsistencies.
 func (c TraceChecks) Total() uint64 {
-	return c.ImpossibleSelfDeadlocks + c.UnheldUnlocks + c.ForeignUnlocks
+	return c.ImpossibleSelfDeadlocks + c.LockMisuse.Total()
 }
 
 type inconsistencyKind uint8
 
 const (
 	incSelf    inconsistencyKind = iota // a self-deadlock its thread outlived
-	incUnheld                           // an unlock of a lock nobody held
-	incForeign                          // an unlock of a lock another thread held
+	incUnlock                           // an unlock of a lock the thread does not hold (misuse.go)
+	incDestroy                          // a destroy of a held lock (misuse.go)
 )
 
 // eventNote describes one event for an inconsistency's context.
@@ -65,20 +63,23 @@ type incKey struct {
 	site string
 }
 
-// inconsistency is the first sighting of one kind on one lock and site.
+// inconsistency is the first sighting of one kind on one lock (and, for
+// misuse, one site).
 type inconsistency struct {
-	kind       inconsistencyKind
-	inst       *instance
-	stream     *stream
-	pid, tid   uint32
-	holder     uint32 // incForeign: the thread that held it
-	before     eventNote
-	event      eventNote
-	after      eventNote // incSelf: the event that shows the thread went on
-	heldStack  *events.Stack
-	count      uint64
-	self       *selfSighting
-	holderName string
+	kind     inconsistencyKind
+	inst     *instance
+	stream   *stream
+	pid, tid uint32
+	before   eventNote
+	event    eventNote
+	after    eventNote // incSelf: the event that shows the thread went on
+	count    uint64
+	self     *selfSighting
+	// Misuse: the first holder seen (another thread, or for a destroy the
+	// thread itself), and how many of the calls found the lock held by
+	// another thread.
+	holder  holder
+	foreign uint64
 }
 
 // prevEvent is a thread's latest event, kept cheaply (one per event).
@@ -113,8 +114,8 @@ func (a *Analyzer) checkOutlived(t *thread, e *events.Event) {
 	r := &inconsistency{
 		kind: incSelf, inst: s.inst, stream: t.stream, pid: t.pid, tid: t.tid,
 		before: t.prevNote(t.selfBefore), event: eventNote{op: s.op, addr: s.inst.addr, stack: s.stack},
-		after: eventNote{op: e.Op, addr: e.Addr, stack: t.stream.stack(e.Stack)}, heldStack: s.heldStack,
-		count: 1, self: s,
+		after: eventNote{op: e.Op, addr: e.Addr, stack: t.stream.stack(e.Stack)},
+		count: 1, self: s, holder: holder{tid: t.tid, stack: s.heldStack},
 	}
 	a.addInconsistency(k, r)
 }
@@ -125,57 +126,6 @@ func (a *Analyzer) addInconsistency(k incKey, r *inconsistency) {
 	}
 	a.incons[k] = r
 	a.inconList = append(a.inconList, r)
-}
-
-// unheldUnlock handles an unlock of addr by a thread that does not hold
-// it: another thread's lock is released from that thread; a lock nobody
-// holds is counted. In an attach, a thread's unlock of a lock it was never
-// seen taking is neither: it took it before the attach.
-func (a *Analyzer) unheldUnlock(t *thread, e *events.Event, addr uint64) {
-	inst := t.proc.live[addr]
-	if t.stream.attached() && !t.took[addr] {
-		// This thread may have taken it before the attach (and another
-		// thread's lock call, traced at its entry, may be waiting for it).
-		return
-	}
-	for _, o := range t.stream.threads {
-		if o == t || o.pid != t.pid {
-			continue
-		}
-		if i := o.findHeld(addr); i >= 0 {
-			h := o.held[i]
-			o.release(addr, true)
-			a.checks.ForeignUnlocks++
-			a.recordUnlock(t, e, incForeign, h.inst, o.tid, t.stream.stack(h.stack))
-			return
-		}
-	}
-	a.checks.UnheldUnlocks++
-	if inst == nil {
-		inst = t.proc.lock(a, addr, lockTypeOf(e.Op))
-	}
-	a.recordUnlock(t, e, incUnheld, inst, 0, nil)
-}
-
-func (a *Analyzer) recordUnlock(t *thread, e *events.Event, kind inconsistencyKind, inst *instance, holder uint32, heldStack *events.Stack) {
-	st := t.stream.stack(e.Stack)
-	k := incKey{kind, inst.id, stableSite(callerFrame(st))}
-	if r := a.incons[k]; r != nil {
-		r.count++
-		return
-	}
-	a.addInconsistency(k, &inconsistency{
-		kind: kind, inst: inst, stream: t.stream, pid: t.pid, tid: t.tid, holder: holder,
-		before: t.prevNote(t.prev), event: eventNote{op: e.Op, addr: lockAddrOf(e), stack: st}, heldStack: heldStack, count: 1,
-		holderName: t.stream.threadName(holder),
-	})
-}
-
-func lockAddrOf(e *events.Event) uint64 {
-	if e.Op == events.OpCondWait || e.Op == events.OpCondTimedwait {
-		return e.Addr2
-	}
-	return e.Addr
 }
 
 // attached reports whether the trace began with the process already
@@ -197,70 +147,50 @@ func threadLabel(s *stream, tid uint32) string {
 	return l
 }
 
-// inconsistencyFindings reports the trace inconsistencies, one per kind,
-// lock class and site.
-func (a *Analyzer) inconsistencyFindings(n *naming) []Finding {
+// selfInconsistencyFindings reports the self-deadlocks their threads
+// outlived, one per lock class.
+func (a *Analyzer) selfInconsistencyFindings(n *naming) []Finding {
 	var out []Finding
 	index := map[string]int{}
 	for _, r := range a.inconList {
-		if r.kind == incSelf && !r.self.disproved() {
-			// Some sighting did stop its thread: the error stands.
+		if r.kind != incSelf || !r.self.disproved() {
+			// Misuse, or some sighting did stop its thread: the error stands.
 			continue
 		}
 		lock := n.of(r.inst)
-		// An unlock's site is what it is (each site has its own record);
-		// a self-deadlock's record is its lock's first sighting, at
-		// whichever site came first.
-		site := stableSite(callerFrame(r.event.stack))
-		if r.kind == incSelf {
-			site = ""
-		}
-		id := findingID(KindTraceInconsistency, itoa(uint64(r.kind)), n.key(r.inst), site)
+		// The record is the lock's first sighting, at whichever site came
+		// first: no site in the ID.
+		id := findingID(KindTraceInconsistency, itoa(uint64(r.kind)), n.key(r.inst), "")
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += r.count
 			continue
 		}
 		index[id] = len(out)
 		who := threadLabel(r.stream, r.tid)
-		f := Finding{
-			ID:          id,
-			Kind:        KindTraceInconsistency,
-			Severity:    SeverityWarning,
+		e := Edge{From: lock, To: lock, Thread: r.tid, ThreadName: r.stream.threadName(r.tid), PID: r.pid, Source: r.stream.source,
+			Context: r.event.op.String() + "(" + lock + ") while holding it, then " + r.after.String()}
+		e.Stack, e.StackTruncated = framesOf(r.event.stack)
+		if r.holder.stack != nil {
+			e.HeldStack, e.HeldStackTruncated = framesOf(r.holder.stack)
+		}
+		out = append(out, Finding{
+			ID:       id,
+			Kind:     KindTraceInconsistency,
+			Severity: SeverityWarning,
+			Title:    "trace inconsistency: " + who + " took " + lock + " while holding it, and went on",
+			Detail: lock + " is a non-recursive " + r.inst.typ.word() + ": taking it again waits forever, yet " + who +
+				" recorded more events, so this did not happen: an event was lost or misattributed (an unlock, a failed trylock, or another lock at the same address). Not reported as a self-deadlock." +
+				r.around() + "; after, " + r.after.String() + ".",
 			Locks:       []string{lock},
+			Edges:       []Edge{e},
 			Threads:     []uint32{r.tid},
 			Occurrences: r.count,
-		}
-		around := " Events around it on " + who + ": before, " + r.before.String() + "; this, " + r.event.String()
-		e := Edge{From: lock, To: lock, Thread: r.tid, ThreadName: r.stream.threadName(r.tid), PID: r.pid, Source: r.stream.source}
-		e.Stack, e.StackTruncated = framesOf(r.event.stack)
-		if r.heldStack != nil {
-			e.HeldStack, e.HeldStackTruncated = framesOf(r.heldStack)
-		}
-		switch r.kind {
-		case incSelf:
-			f.Title = "trace inconsistency: " + who + " took " + lock + " while holding it, and went on"
-			f.Detail = lock + " is a non-recursive " + r.inst.typ.word() + ": taking it again waits forever, yet " + who +
-				" recorded more events, so this did not happen: an event was lost or misattributed (an unlock, a failed trylock, or another lock at the same address). Not reported as a self-deadlock." +
-				around + "; after, " + r.after.String() + "."
-			e.Context = r.event.op.String() + "(" + lock + ") while holding it, then " + r.after.String()
-		case incUnheld:
-			f.Title = "trace inconsistency: " + who + " unlocked " + lock + ", which no thread held"
-			f.Detail = "No lock call of " + lock + " by this thread is in the trace before this unlock: an event was lost, or a call was counted as an unlock that is not one." +
-				around + "."
-			e.Context = r.event.op.String() + "(" + lock + ") without holding it"
-		case incForeign:
-			holder := "thread " + itoa(uint64(r.holder))
-			if r.holderName != "" {
-				holder += " (" + r.holderName + ")"
-			}
-			f.Threads = sortedTIDs(map[uint32]bool{r.tid: true, r.holder: true})
-			f.Title = "trace inconsistency: " + who + " unlocked " + lock + ", held by " + holder
-			f.Detail = lock + " was taken by " + holder + " and released by " + who +
-				": undefined for pthread mutexes and spinlocks, or an event was attributed to the wrong thread. The lock is taken as released by its holder." + around + "."
-			e.Context = r.event.op.String() + "(" + lock + ") by " + who + " while " + holder + " holds it"
-		}
-		f.Edges = []Edge{e}
-		out = append(out, f)
+		})
 	}
 	return out
+}
+
+// around names the events of the record's thread before and at it.
+func (r *inconsistency) around() string {
+	return " Events around it on " + threadLabel(r.stream, r.tid) + ": before, " + r.before.String() + "; this, " + r.event.String()
 }

@@ -110,15 +110,15 @@ func evidenceCases() []ruleCase {
 				b.Unlock(1, lockB)
 				b.Event(events.Event{TID: 1, Op: events.OpSpinUnlock, Addr: lockA}, "pthread_spin_unlock"+libc, "spin_setup")
 			},
-			want: []want{{KindTraceInconsistency, SeverityWarning}},
+			want: []want{{KindLockMisuse, SeverityWarning}},
 			check: func(t *testing.T, res *Result) {
 				f := res.Findings[0]
-				if !strings.Contains(f.Title, "unlocked lock_a (libx.so), which no thread held") ||
-					!strings.Contains(f.Detail, "before, pthread_mutex_unlock") || !strings.Contains(f.Detail, "spin_setup") {
-					t.Errorf("%s: %s", f.Title, f.Detail)
+				if f.Title != "unlock of lock_a (libx.so), which no thread held" ||
+					!contains(stackFunctions(f.Edges[0].Stack), "spin_setup") {
+					t.Errorf("%s: %s %v", f.Title, f.Detail, stackFunctions(f.Edges[0].Stack))
 				}
-				if c := res.Stats.TraceChecks; c.UnheldUnlocks != 1 {
-					t.Errorf("checks %+v", c)
+				if c := res.Stats; c.LockMisuse.UnheldUnlocks != 1 || c.TraceChecks.Total() != 0 {
+					t.Errorf("misuse %+v, checks %+v", c.LockMisuse, c.TraceChecks)
 				}
 			},
 		},
@@ -144,7 +144,7 @@ func evidenceCases() []ruleCase {
 				b.Unlock(1, lockA)
 				b.Unlock(1, lockA)
 			},
-			want: []want{{KindTraceInconsistency, SeverityWarning}},
+			want: []want{{KindLockMisuse, SeverityWarning}},
 		},
 		{
 			// Thread 1 took lock_a before the attach; thread 2's lock call,
@@ -178,17 +178,18 @@ func evidenceCases() []ruleCase {
 				lk(b, 3, lockA, "b_then_a")
 				b.Unlock(3, lockA).Unlock(3, lockB)
 			},
-			want: []want{{KindTraceInconsistency, SeverityWarning}},
+			want: []want{{KindLockMisuse, SeverityWarning}},
 			check: func(t *testing.T, res *Result) {
 				f := res.Findings[0]
-				if !strings.Contains(f.Title, "thread 2 (releaser) unlocked lock_a (libx.so), held by thread 1 (owner)") {
-					t.Errorf("title %q", f.Title)
+				if f.Title != "unlock of lock_a (libx.so), held by another thread" ||
+					!strings.Contains(f.Detail, "held by thread 1 (owner) when thread 2 (releaser) called pthread_mutex_unlock") {
+					t.Errorf("%s: %s", f.Title, f.Detail)
 				}
 				if !contains(stackFunctions(f.Edges[0].HeldStack), "take_a") {
 					t.Errorf("held stack %v", stackFunctions(f.Edges[0].HeldStack))
 				}
-				if c := res.Stats.TraceChecks; c.ForeignUnlocks != 1 || c.UnheldUnlocks != 0 {
-					t.Errorf("checks %+v", c)
+				if c := res.Stats.LockMisuse; c.ForeignUnlocks != 1 || c.UnheldUnlocks != 0 {
+					t.Errorf("misuse %+v", c)
 				}
 			},
 		},

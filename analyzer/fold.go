@@ -65,9 +65,9 @@ func (a *Analyzer) tryFold(inst *instance) bool {
 	if inst.folded {
 		return true
 	}
-	if !inst.used {
+	if !inst.used && !inst.pinned {
 		// Never taken: no dependency, no name, nothing to keep (and no
-		// thread holds it).
+		// thread holds it). A misused one is named by a finding.
 		a.freeInstance(inst)
 		return true
 	}

@@ -23,6 +23,8 @@ type GraphNode struct {
 	Instances int    `json:"instances"`
 	// Cycle is set when the class is on a reported lock-order cycle.
 	Cycle bool `json:"cycle,omitempty"`
+	// Misuse lists the IDs of the class's lock-misuse findings.
+	Misuse []string `json:"misuse,omitempty"`
 }
 
 // GraphEdge is every dependency From → To between instances of two classes
@@ -51,18 +53,29 @@ type GraphEdge struct {
 }
 
 // graph builds the class-level lock graph; onCycle maps dependencies to
-// the cycle findings they are on.
-func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string) *Graph {
+// the cycle findings they are on; misused are the classes with lock-misuse
+// findings (a lock only ever unlocked is a class of its own).
+func (a *Analyzer) graph(n *naming, onCycle map[*edge][]string, misused []*misusedClass) *Graph {
 	g := &Graph{Nodes: []GraphNode{}, Edges: []GraphEdge{}}
 	nodeOf := map[*class]int{}
+	byName := map[string]int{}
 	for _, c := range n.order {
 		nodeOf[c] = len(g.Nodes)
+		byName[c.name] = len(g.Nodes)
 		g.Nodes = append(g.Nodes, GraphNode{
 			Name:      c.name,
 			Key:       c.key,
 			Type:      c.instances[0].typ.word(),
 			Instances: c.weight(),
 		})
+	}
+	for _, c := range misused {
+		i, ok := byName[c.name]
+		if !ok {
+			i = len(g.Nodes)
+			g.Nodes = append(g.Nodes, GraphNode{Name: c.name, Key: c.key, Type: c.typ.word(), Instances: 1})
+		}
+		g.Nodes[i].Misuse = c.ids
 	}
 	type pair struct{ from, to int }
 	edgeOf := map[pair]int{}

@@ -285,9 +285,9 @@ func TestPeerLiblockdep(t *testing.T) {
 		},
 		{
 			// An unlock of a lock the thread does not hold. liblockdep
-			// calls it a bad unlock balance; hooktrace, which sees the
-			// program through probes, reports the records as inconsistent
-			// and counts them, and draws no other finding from them.
+			// calls it a bad unlock balance; so does hooktrace, in a
+			// complete trace (lock misuse), and draws no other finding
+			// from it.
 			name:   "unlock balance",
 			header: &events.Header{Command: []string{"./unlock_balance"}},
 			build: func(b *tracebuild.Trace) {
@@ -295,10 +295,10 @@ func TestPeerLiblockdep(t *testing.T) {
 				peerUnlock(b, peerMutex, 1, 0)
 				peerUnlock(b, peerMutex, 1, 0)
 			},
-			want: []want{{KindTraceInconsistency, SeverityWarning}},
+			want: []want{{KindLockMisuse, SeverityWarning}},
 			check: func(t *testing.T, res *Result) {
-				if res.Stats.TraceChecks.UnheldUnlocks != 1 {
-					t.Errorf("checks %+v", res.Stats.TraceChecks)
+				if res.Stats.LockMisuse.UnheldUnlocks != 1 || res.Stats.TraceChecks.Total() != 0 {
+					t.Errorf("misuse %+v, checks %+v", res.Stats.LockMisuse, res.Stats.TraceChecks)
 				}
 			},
 		},

@@ -53,6 +53,9 @@ const (
 	KindHookLock         Kind = "hook-lock"
 	KindForbiddenNesting Kind = "forbidden-nesting"
 	KindDeadlock         Kind = "deadlock"
+	// KindLockMisuse: an unlock of a lock the thread does not hold, or a
+	// destroy of a held lock, in a complete trace (misuse.go).
+	KindLockMisuse Kind = "lock-misuse"
 	// KindTraceInconsistency: records that cannot all be true (a lost or
 	// misattributed event); never an error.
 	KindTraceInconsistency Kind = "trace-inconsistency"
@@ -103,13 +106,16 @@ type Finding struct {
 
 // Edge is one dependency of a finding: To was taken while From was held.
 type Edge struct {
-	From               string  `json:"from"`
-	To                 string  `json:"to"`
-	Thread             uint32  `json:"thread"`
-	ThreadName         string  `json:"thread_name,omitempty"`
-	PID                uint32  `json:"pid,omitempty"`
-	Source             string  `json:"source,omitempty"`
-	Context            string  `json:"context"`
+	From       string `json:"from"`
+	To         string `json:"to"`
+	Thread     uint32 `json:"thread"`
+	ThreadName string `json:"thread_name,omitempty"`
+	PID        uint32 `json:"pid,omitempty"`
+	Source     string `json:"source,omitempty"`
+	Context    string `json:"context"`
+	// Action is what the call at Stack did to To when it did not take it:
+	// "unlocked" or "destroyed" (lock misuse).
+	Action             string  `json:"action,omitempty"`
 	Arena              string  `json:"arena,omitempty"` // allocator → lock: "held", "may hold", "not held"
 	Stack              []Frame `json:"stack"`
 	StackTruncated     bool    `json:"stack_truncated,omitempty"`

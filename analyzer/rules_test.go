@@ -325,10 +325,10 @@ func ruleCases() []ruleCase {
 				lk(b, 2, lockA, "twice")
 				b.Unlock(2, lockA).Unlock(2, lockA)
 			},
-			want: []want{{KindTraceInconsistency, SeverityWarning}},
+			want: []want{{KindLockMisuse, SeverityWarning}},
 			check: func(t *testing.T, res *Result) {
-				if c := res.Stats.TraceChecks; c.UnheldUnlocks != 1 || res.Stats.UnbalancedUnlocks != 1 {
-					t.Errorf("checks %+v, unbalanced %d: want the second unlock of lock_a", c, res.Stats.UnbalancedUnlocks)
+				if c := res.Stats.LockMisuse; c.UnheldUnlocks != 1 || res.Stats.UnbalancedUnlocks != 1 {
+					t.Errorf("misuse %+v, unbalanced %d: want the second unlock of lock_a", c, res.Stats.UnbalancedUnlocks)
 				}
 			},
 		},

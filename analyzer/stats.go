@@ -27,8 +27,12 @@ type Stats struct {
 	LockClasses       int    `json:"lock_classes"` // their classes
 	Dependencies      int    `json:"dependencies"` // lock-order edges between instances
 	UnbalancedUnlocks uint64 `json:"unbalanced_unlocks,omitempty"`
+	// LockMisuse counts the misused lock calls of complete traces: the
+	// program's (lock-misuse findings).
+	LockMisuse LockMisuse `json:"lock_misuse"`
 	// TraceChecks counts records that contradict each other: nonzero means
-	// the tracer lost or misattributed events.
+	// the tracer lost or misattributed events (or, for the lock misuse of
+	// a trace that lost events or was cut short, may have).
 	TraceChecks TraceChecks `json:"trace_checks"`
 	Warnings    []string    `json:"warnings,omitempty"`
 
@@ -64,6 +68,7 @@ func (a *Analyzer) stats(n *naming) Stats {
 		Traces:   []TraceStats{},
 	}
 	var why []string
+	st.TraceChecks = a.checks
 	for _, s := range a.streams {
 		ts := s.stats()
 		st.Traces = append(st.Traces, ts)
@@ -71,7 +76,10 @@ func (a *Analyzer) stats(n *naming) Stats {
 		st.LostEvents += ts.LostEvents
 		st.Threads += s.threadsRun
 		st.UnbalancedUnlocks += s.unbalanced
-		if !ts.Complete {
+		if ts.Complete {
+			st.LockMisuse.add(s.misuse)
+		} else {
+			st.TraceChecks.LockMisuse.add(s.misuse)
 			st.Complete = false
 			if len(a.streams) > 1 && ts.Source != "" {
 				why = append(why, ts.Source+": "+ts.Incomplete)
@@ -94,8 +102,10 @@ func (a *Analyzer) stats(n *naming) Stats {
 		why = append(why, "no trace")
 	}
 	st.Incomplete = strings.Join(why, "; ")
-	if st.UnbalancedUnlocks > 0 {
-		st.Warnings = append(st.Warnings, itoa(st.UnbalancedUnlocks)+" unlocks of locks the thread did not hold (lost events, or locks released by another thread)")
+	// The unlocks not counted as misuse: in an attach, of locks taken
+	// before it began.
+	if early := st.UnbalancedUnlocks - st.LockMisuse.unlocks() - st.TraceChecks.unlocks(); early > 0 {
+		st.Warnings = append(st.Warnings, itoa(early)+" unlocks of locks the thread was not seen taking (taken before the attach began)")
 	}
 	for _, c := range n.order {
 		if c.instances[0].typ == typeArena {
@@ -107,7 +117,6 @@ func (a *Analyzer) stats(n *naming) Stats {
 	for _, ed := range a.edgeList {
 		st.Dependencies += int(ed.weight)
 	}
-	st.TraceChecks = a.checks
 	return st
 }
 

@@ -46,6 +46,7 @@ type stream struct {
 	returns    [opSlots]uint64
 	threadsRun int // threads that produced events
 	unbalanced uint64
+	misuse     LockMisuse
 }
 
 func newStream(index int, source string) *stream {

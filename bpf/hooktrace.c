@@ -763,6 +763,27 @@ static __always_inline int is_rwlock(__u32 op)
 	return op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_UNLOCK;
 }
 
+/* A call that misuses a mutex or rwlock: an unlock by a thread that does
+ * not hold it, or a destroy of a held one. What the lock's word says then:
+ * whether it is held, and by which thread where it names one (a mutex's
+ * __owner, a rwlock's writer; 0 for readers or nobody). Read on these rare
+ * calls only; spinlocks are not read. */
+static __always_inline int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
+{
+	__u32 w[8] = {};
+	*holder = 0;
+	if (bpf_probe_read_user(w, sizeof(w), (void *)lock))
+		return 0;
+	if (is_mutex(op)) {
+		*holder = w[GLIBC_MUTEX_OWNER_OFFSET / 4];
+		return w[GLIBC_MUTEX_LOCK_OFFSET / 4] != 0;
+	}
+	__u32 readers = w[GLIBC_RWLOCK_READERS_OFFSET / 4];
+	if (readers & GLIBC_RWLOCK_WRLOCKED)
+		*holder = w[GLIBC_RWLOCK_WRITER_OFFSET / 4];
+	return (readers & GLIBC_RWLOCK_WRLOCKED) || (readers >> GLIBC_RWLOCK_READER_SHIFT);
+}
+
 /* What the analysis needs to know of a lock's type, read from the lock: a
  * mutex's __kind, a rwlock's preference (__flags); 0 for spinlocks. */
 static __always_inline __u32 lock_kind(__u32 op, __u64 lock)
@@ -1146,6 +1167,10 @@ int uprobe_hook(struct pt_regs *ctx)
 	}
 
 	__u64 lock = PT_REGS_PARM1(ctx);
+	/* A mutex or rwlock call that misuses the lock (see lock_word_holder)
+	 * is sent with its stack, and the holder its word names. */
+	int misuse = 0;
+	__u32 holder = 0;
 	switch (op) {
 	case OP_MUTEX_UNLOCK:
 	case OP_RWLOCK_UNLOCK:
@@ -1156,6 +1181,10 @@ int uprobe_hook(struct pt_regs *ctx)
 		/* Its acquisition was only counted: so is its release. */
 		if (sent == 0)
 			return 0;
+		if (sent < 0 && op != OP_SPIN_UNLOCK) {
+			misuse = 1;
+			lock_word_holder(op, lock, &holder);
+		}
 		break;
 	}
 	case OP_MUTEX_INIT:
@@ -1166,6 +1195,12 @@ int uprobe_hook(struct pt_regs *ctx)
 	case OP_SPIN_DESTROY:
 		/* A lifetime ends (re-initialising a live lock ends it too). */
 		__sync_fetch_and_add(&lock_epoch, 1);
+		if ((op == OP_MUTEX_DESTROY || op == OP_RWLOCK_DESTROY) && lock_word_holder(op, lock, &holder)) {
+			/* Destroyed while held: the analysis names the holder's
+			 * acquisition, which may have been only counted. */
+			misuse = 1;
+			flush_held(st, id);
+		}
 		break;
 	default: { /* blocking acquisitions */
 		/* A pattern seen before is only counted, unless a hook takes
@@ -1224,6 +1259,13 @@ int uprobe_hook(struct pt_regs *ctx)
 	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT) {
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		lock_page_add(id >> 32, lock);
+		return 0;
+	}
+	if (misuse) {
+		if (op == OP_MUTEX_DESTROY || op == OP_RWLOCK_DESTROY)
+			e->flags |= F_BUSY;
+		e->addr2 = holder;
+		send_with_stack(ctx, e, ctx, ret_slot, st);
 		return 0;
 	}
 	event_send(e);

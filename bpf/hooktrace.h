@@ -90,6 +90,9 @@ enum event_flag {
 	F_IN_ALLOC = 1 << 2,
 	F_PROCESS = 1 << 3,
 	F_LOCKS_HELD = 1 << 4,
+	/* A mutex or rwlock destroy that found the lock held (its word says
+	 * so): addr2 is the holder's TID where the word names one. */
+	F_BUSY = 1 << 5,
 };
 
 /* The cookie of a uprobe: op in the low 16 bits, the stack adjustment at the
@@ -131,10 +134,18 @@ enum cookie_layout {
 
 /* x86-64 glibc's structure layouts the probes read. */
 enum glibc_layout {
+	GLIBC_MUTEX_LOCK_OFFSET = 0, /* pthread_mutex_t.__data.__lock: 0 when unlocked */
 	GLIBC_MUTEX_OWNER_OFFSET = 8, /* pthread_mutex_t.__data.__owner (hang detection) */
 	GLIBC_MUTEX_KIND_OFFSET = 16, /* pthread_mutex_t.__data.__kind */
 	GLIBC_RWLOCK_FLAGS_OFFSET = 48, /* pthread_rwlock_t.__data.__flags: the preference */
 	GLIBC_RWLOCKATTR_KIND_OFFSET = 0, /* pthread_rwlockattr_t's lockkind */
+	/* pthread_rwlock_t.__data.__readers: bit 1 while a writer holds the
+	 * lock, the readers that hold it from bit 3 (bit 0, the write phase,
+	 * stays after a writer leaves). */
+	GLIBC_RWLOCK_READERS_OFFSET = 0,
+	GLIBC_RWLOCK_WRLOCKED = 2,
+	GLIBC_RWLOCK_READER_SHIFT = 3,
+	GLIBC_RWLOCK_WRITER_OFFSET = 24, /* pthread_rwlock_t.__data.__cur_writer: the writer's TID */
 };
 
 struct event {

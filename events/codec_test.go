@@ -44,7 +44,7 @@ func stack(s *Stack) Record      { return Record{Kind: RecStack, Stack: s} }
 func wrap(rs ...Record) []Record { return append(append([]Record{hdr()}, rs...), ftr()) }
 
 func TestRoundTrip(t *testing.T) {
-	allFlags := FlagReturn | FlagAcquired | FlagInAlloc | FlagProcess | FlagLocksHeld
+	allFlags := FlagReturn | FlagAcquired | FlagInAlloc | FlagProcess | FlagLocksHeld | FlagBusy
 	longString := strings.Repeat("x", maxString)
 	var deepStack Stack
 	deepStack.ID = math.MaxUint32

@@ -237,6 +237,10 @@ const (
 	FlagProcess
 	// FlagLocksHeld: the kernel side saw this thread holding at least one lock.
 	FlagLocksHeld
+	// FlagBusy: a mutex or rwlock destroy found the lock held, as its word
+	// says; Addr2 is the holder's TID where the word names one (a mutex's
+	// owner, a rwlock's writer).
+	FlagBusy
 )
 
 // MutexKind is the type of a pthread mutex, read from the mutex itself
@@ -278,8 +282,12 @@ func (k MutexKind) String() string {
 //	               the preference (rwlocks; glibc's __flags, 2 for
 //	               PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP),
 //	               Ret = the call's result where FlagReturn is set.
+//	unlock:        of a mutex or rwlock the thread does not hold: sent
+//	               with its stack, Addr2 = the holder's TID its word names
+//	               (0: nobody, or readers).
 //	init/destroy:  Addr = the lock; rwlock_init: Arg = the attribute's
-//	               preference.
+//	               preference; a destroy of a held mutex or rwlock has
+//	               FlagBusy and its stack.
 //	cond_wait:     Addr = the condition variable, Addr2 = the mutex.
 //	thread_create: Arg = the new TID.
 //	thread_exit:   Ret = exit code (processes).

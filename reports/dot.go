@@ -11,11 +11,12 @@ import (
 
 // Colours shared by the DOT and SVG graphs.
 const (
-	colorCycle = "#d1242f" // edges and locks on a reported cycle
-	colorEdge  = "#57606a"
-	colorFaint = "#a0a7b0" // allocator edges that cannot deadlock
-	colorArena = "#f3eee0"
-	colorNode  = "#ffffff"
+	colorCycle  = "#d1242f" // edges and locks on a reported cycle
+	colorEdge   = "#57606a"
+	colorFaint  = "#a0a7b0" // allocator edges that cannot deadlock
+	colorArena  = "#f3eee0"
+	colorNode   = "#ffffff"
+	colorMisuse = "#bc4c00" // locks with lock-misuse findings
 )
 
 // DOT writes the lock graph in Graphviz's language: one node per lock
@@ -44,6 +45,11 @@ func DOT(w io.Writer, g *Gate) error {
 		}
 		if n.Type == "allocator lock" {
 			attrs = append(attrs, "shape=box", "style=\"filled\"", fmt.Sprintf("fillcolor=%q", colorArena))
+		}
+		if len(n.Misuse) > 0 {
+			// Misused: a dashed border, and which findings say how.
+			attrs[1] = "tooltip=" + dotString(nodeTooltip(n)+"; lock misuse: "+strings.Join(n.Misuse, ", "))
+			attrs = append(attrs, "style=\"rounded,filled,dashed\"", fmt.Sprintf("color=%q", colorMisuse), "penwidth=2")
 		}
 		if n.Cycle {
 			attrs = append(attrs, fmt.Sprintf("color=%q", colorCycle), "penwidth=2")
@@ -128,6 +134,11 @@ func graphOf(res *analyzer.Result) *analyzer.Graph {
 	type pair struct{ a, b int }
 	edge := map[pair]int{}
 	for _, f := range res.Findings {
+		if f.Kind == analyzer.KindLockMisuse && len(f.Locks) > 0 {
+			n := &g.Nodes[nodeOf(f.Locks[0])]
+			n.Misuse = append(n.Misuse, f.ID)
+			continue
+		}
 		if f.Kind != analyzer.KindLockOrderCycle && f.Kind != analyzer.KindDeadlock && f.Kind != analyzer.KindHookLock {
 			continue
 		}

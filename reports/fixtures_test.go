@@ -31,6 +31,9 @@ var update = flag.Bool("update", false, "rewrite testdata fixtures and golden fi
 //	             cycle gone, a new lock-order inversion (error); plus
 //	             probed hooks, a condition wait, unlocks out of order and
 //	             allocator calls for the timeline
+//	misuse.htr   lock misuse (warnings): a mutex unlocked by a thread that
+//	             does not hold it, one unlocked twice, a held rwlock
+//	             destroyed
 const (
 	fxStartNS   = 5_000_000_000
 	fxStartUnix = 1_760_000_000_000_000_000
@@ -64,6 +67,10 @@ var fxSources = map[string]tracebuild.Source{
 	"cache_fill":                 {File: fxRoot + "/pool/cache.c", Line: 19},
 	"cache_evict":                {File: fxRoot + "/pool/cache.c", Line: 63},
 	"stats_note":                 {File: "/opt/vendor/stats.c", Line: 12},
+	"job_post":                   {File: fxRoot + "/jobs/queue.c", Line: 23},
+	"job_take":                   {File: fxRoot + "/jobs/queue.c", Line: 51},
+	"job_done":                   {File: fxRoot + "/jobs/queue.c", Line: 30},
+	"table_free":                 {File: fxRoot + "/jobs/table.c", Line: 88},
 }
 
 // fxFooter ends a fixture: the target exited 0.
@@ -84,6 +91,7 @@ const (
 	addrCache = 0x7f0000002010
 	addrCond  = 0x601400
 	addrQueue = 0x601440
+	addrJob   = 0x601480
 )
 
 // openMPIDeadlock is the seed bug: thread 11 holds vma_lock across
@@ -159,6 +167,29 @@ func poolInversion(b *tracebuild.Trace) {
 	b.Unlock(32, addrCache)
 }
 
+// misuseTrace: a producer locks job_lock and a consumer unlocks it, as a
+// hand-made semaphore would (an unlock by a thread that does not hold
+// the lock); the producer's own unlock then finds it unlocked; a rwlock
+// is destroyed while its writer holds it. Each call is recorded with its
+// stack, as the recorders send misuse.
+func misuseTrace() *tracebuild.Trace {
+	b := newFx(&events.Header{Command: []string{"./app", "--jobs"}, Allocator: "glibc"})
+	b.Name(addrJob, "job_lock (app)")
+	b.Thread(41, "producer")
+	b.Thread(42, "consumer")
+	b.Lock(41, addrJob, "pthread_mutex_lock"+libc, "job_post", "producer_main")
+	b.Event(events.Event{TID: 42, Op: events.OpMutexUnlock, Addr: addrJob, Addr2: 41},
+		"pthread_mutex_unlock"+libc, "job_take", "consumer_main")
+	b.Event(events.Event{TID: 41, Op: events.OpMutexUnlock, Addr: addrJob},
+		"pthread_mutex_unlock"+libc, "job_done", "producer_main")
+	b.Event(events.Event{TID: 41, Op: events.OpRwlockInit, Addr: addrPool}, "pthread_rwlock_init"+libc, "table_create", "producer_main")
+	b.RWLock(41, events.OpRwlockWrlock, addrPool, 0, "pthread_rwlock_wrlock"+libc, "table_resize", "producer_main")
+	b.Event(events.Event{TID: 42, Op: events.OpRwlockDestroy, Addr: addrPool, Flags: events.FlagBusy, Addr2: 41},
+		"pthread_rwlock_destroy"+libc, "table_free", "consumer_main")
+	fxFooter(b)
+	return b
+}
+
 func seedTrace() *tracebuild.Trace {
 	b := newFx(&events.Header{Command: []string{"./app", "--seed"}, Allocator: "glibc"})
 	b.Name(addrVMA, "vma_lock (librcache.so)")
@@ -207,6 +238,7 @@ var fixtures = []struct {
 }{
 	{"seed", seedTrace},
 	{"regress", regressTrace},
+	{"misuse", misuseTrace},
 }
 
 // TestFixtures writes the fixture traces with -update, and otherwise

@@ -59,6 +59,7 @@ func gateCases() []gateCase {
 			o.Suppressions = loadSuppressions(t)
 			return o
 		}, []string{"text", "json", "sarif", "junit", "markdown", "html"}},
+		{"misuse", "misuse", plainOpts, all},
 	}
 }
 

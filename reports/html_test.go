@@ -26,7 +26,7 @@ func TestHTMLSelfContained(t *testing.T) {
 			regexp.MustCompile(`(?i)url\(\s*['"]?(https?:)?//`).MatchString(page) || strings.Contains(page, "@import") {
 			t.Errorf("%s: the page refers to another site", c.name)
 		}
-		if !strings.Contains(page, "<svg") || !strings.Contains(page, `class="edge cycle"`) {
+		if !strings.Contains(page, "<svg") || (c.name != "misuse" && !strings.Contains(page, `class="edge cycle"`)) {
 			t.Errorf("%s: no inline graph with cycle edges", c.name)
 		}
 	}

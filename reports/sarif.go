@@ -180,8 +180,11 @@ var ruleInfo = []struct {
 	{analyzer.KindDeadlock, "Deadlock", "Threads were deadlocked",
 		"The traced threads were waiting for each other when the trace was taken: a real deadlock, not a potential one.",
 		"error"},
+	{analyzer.KindLockMisuse, "LockMisuse", "A lock is unlocked by a thread that does not hold it, or destroyed while held",
+		"A thread unlocked a lock no thread held or another thread held, or destroyed a lock while it was held: undefined in POSIX. glibc releases a normal mutex whoever unlocks it, and corrupts a rwlock's count of readers; it refuses to destroy a held mutex (EBUSY). Reported from a complete trace only: with events lost, the same records are a trace inconsistency.",
+		"warning"},
 	{analyzer.KindTraceInconsistency, "TraceInconsistency", "Trace records contradict each other",
-		"The trace holds records that cannot all be true: a thread went on after taking a non-recursive lock it held, or unlocked a lock it did not hold. An event was lost or misattributed; no finding is drawn from them.",
+		"The trace holds records that cannot all be true: a thread went on after taking a non-recursive lock it held; or, in a trace that lost events or was cut short, a thread unlocked a lock it did not hold or destroyed a held one, which lock misuse and a lost event both explain. No other finding is drawn from them.",
 		"warning"},
 }
 

@@ -170,7 +170,7 @@ func LoadSuppressions(path string) (*Suppressions, error) {
 func knownKind(k string) bool {
 	switch analyzer.Kind(k) {
 	case analyzer.KindLockOrderCycle, analyzer.KindSelfDeadlock, analyzer.KindAllocatorReentry,
-		analyzer.KindHookLock, analyzer.KindForbiddenNesting, analyzer.KindDeadlock:
+		analyzer.KindHookLock, analyzer.KindForbiddenNesting, analyzer.KindDeadlock, analyzer.KindLockMisuse:
 		return true
 	}
 	return false

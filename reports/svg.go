@@ -34,6 +34,7 @@ type svgNode struct {
 	x, y   float64 // centre
 	arena  bool
 	cycle  bool
+	misuse bool // a lock with lock-misuse findings
 	title  string
 	degree int
 }
@@ -52,7 +53,10 @@ func SVG(gr *analyzer.Graph) string {
 	for _, i := range keep {
 		n := gr.Nodes[i]
 		sn := &svgNode{index: i, label: shorten(compactName(n.Name), svgLabelChars), arena: n.Type == "allocator lock",
-			cycle: n.Cycle, title: n.Name + " — " + nodeTooltip(n)}
+			cycle: n.Cycle, misuse: len(n.Misuse) > 0, title: n.Name + " — " + nodeTooltip(n)}
+		if sn.misuse {
+			sn.title += "; lock misuse: " + strings.Join(n.Misuse, ", ")
+		}
 		sn.w = float64(len([]rune(sn.label)))*svgCharWidth + 24
 		nodes = append(nodes, sn)
 		byIndex[i] = sn
@@ -360,6 +364,10 @@ func svgNodeOut(b *bytes.Buffer, n *svgNode) {
 	if n.arena {
 		fill = colorArena
 	}
+	dash := ""
+	if n.misuse {
+		stroke, width, dash = colorMisuse, 2.2, ` stroke-dasharray="5 3"`
+	}
 	if n.cycle {
 		stroke, width = colorCycle, 2.2
 	}
@@ -371,8 +379,8 @@ func svgNodeOut(b *bytes.Buffer, n *svgNode) {
 	if n.arena {
 		rx = 2
 	}
-	fmt.Fprintf(b, `<g class="%s"><title>%s</title><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="%d" fill="%s" stroke="%s" stroke-width="%.1f"/>`,
-		class, html.EscapeString(n.title), n.x-n.w/2, n.y-svgNodeHeight/2, n.w, svgNodeHeight, rx, fill, stroke, width)
+	fmt.Fprintf(b, `<g class="%s"><title>%s</title><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="%d" fill="%s" stroke="%s" stroke-width="%.1f"%s/>`,
+		class, html.EscapeString(n.title), n.x-n.w/2, n.y-svgNodeHeight/2, n.w, svgNodeHeight, rx, fill, stroke, width, dash)
 	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" dominant-baseline="central" font-family="sans-serif" font-size="12" fill="#1f2328">%s</text></g>`,
 		n.x, n.y, html.EscapeString(n.label))
 }

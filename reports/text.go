@@ -86,8 +86,10 @@ func TextGate(w io.Writer, g *Gate) error {
 	p.line("calls: %s%s", callsText(st.Calls), recorderText(st))
 	tc := st.TraceChecks
 	// Always printed: a tracer that starts losing events shows here.
-	p.line("trace checks: %d impossible self-deadlocks, %d unlocks of unheld locks, %d unlocks by another thread",
-		tc.ImpossibleSelfDeadlocks, tc.UnheldUnlocks, tc.ForeignUnlocks)
+	p.line("trace checks: %d impossible self-deadlocks, %s", tc.ImpossibleSelfDeadlocks, misuseText(tc.LockMisuse))
+	if m := st.LockMisuse; m.Total() > 0 {
+		p.line("lock misuse: %s", misuseText(m))
+	}
 	if pt := probeTimeText(st); pt != "" {
 		p.line("probe time: %s", pt)
 	}
@@ -343,7 +345,16 @@ func (p *printer) edge(in string, n int, e *analyzer.Edge) {
 	p.stack(in+"    ", e.HeldStack, e.HeldStackTruncated)
 }
 
+// misuseText counts misused lock calls.
+func misuseText(m analyzer.LockMisuse) string {
+	return fmt.Sprintf("%d unlocks of unheld locks, %d unlocks by another thread, %d destroys of held locks",
+		m.UnheldUnlocks, m.ForeignUnlocks, m.HeldDestroys)
+}
+
 func takenLabel(e *analyzer.Edge) string {
+	if e.Action != "" {
+		return e.To + " " + e.Action + " here"
+	}
 	if strings.Contains(e.To, "arena") || strings.HasSuffix(e.To, " allocator") {
 		return "allocator called here (" + e.From + " held)"
 	}

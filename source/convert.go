@@ -288,7 +288,10 @@ func (c *Converter) event(r *hooktraceEvent) error {
 			return err
 		}
 	}
-	if (op.IsLockAcquire() || op.IsLockInit()) && !p.locks[r.Addr] {
+	// A misused lock (an unlock sent with its stack, a destroy of a held
+	// one) may be seen first there.
+	misuse := (op.IsUnlock() && r.Stack != 0) || r.Flags&uint16(events.FlagBusy) != 0
+	if (op.IsLockAcquire() || op.IsLockInit() || misuse) && !p.locks[r.Addr] {
 		p.locks[r.Addr] = true
 		c.nlocks.Add(1)
 		p.mapsFor(r.Addr)

@@ -89,6 +89,7 @@ func TestFlagsMatchBPF(t *testing.T) {
 		"F_IN_ALLOC":   events.FlagInAlloc,
 		"F_PROCESS":    events.FlagProcess,
 		"F_LOCKS_HELD": events.FlagLocksHeld,
+		"F_BUSY":       events.FlagBusy,
 	}
 	c := objectEnum(t, "event_flag")
 	var all events.Flags

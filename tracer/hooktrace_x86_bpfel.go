@@ -61,15 +61,21 @@ const (
 	hooktraceEventFlagF_IN_ALLOC   hooktraceEventFlag = 4
 	hooktraceEventFlagF_PROCESS    hooktraceEventFlag = 8
 	hooktraceEventFlagF_LOCKS_HELD hooktraceEventFlag = 16
+	hooktraceEventFlagF_BUSY       hooktraceEventFlag = 32
 )
 
 type hooktraceGlibcLayout uint32
 
 const (
+	hooktraceGlibcLayoutGLIBC_MUTEX_LOCK_OFFSET      hooktraceGlibcLayout = 0
 	hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET     hooktraceGlibcLayout = 8
 	hooktraceGlibcLayoutGLIBC_MUTEX_KIND_OFFSET      hooktraceGlibcLayout = 16
 	hooktraceGlibcLayoutGLIBC_RWLOCK_FLAGS_OFFSET    hooktraceGlibcLayout = 48
 	hooktraceGlibcLayoutGLIBC_RWLOCKATTR_KIND_OFFSET hooktraceGlibcLayout = 0
+	hooktraceGlibcLayoutGLIBC_RWLOCK_READERS_OFFSET  hooktraceGlibcLayout = 0
+	hooktraceGlibcLayoutGLIBC_RWLOCK_WRLOCKED        hooktraceGlibcLayout = 2
+	hooktraceGlibcLayoutGLIBC_RWLOCK_READER_SHIFT    hooktraceGlibcLayout = 3
+	hooktraceGlibcLayoutGLIBC_RWLOCK_WRITER_OFFSET   hooktraceGlibcLayout = 24
 )
 
 type hooktraceInheritedLocks struct {

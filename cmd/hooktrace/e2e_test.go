@@ -94,7 +94,9 @@ type jsonReport struct {
 		Calls      map[string]uint64 `json:"calls"`
 		// TraceChecks counts what contradicts the rest of the trace.
 		TraceChecks map[string]uint64 `json:"trace_checks"`
-		Traces      []struct {
+		// LockMisuse counts the program's misused lock calls.
+		LockMisuse map[string]uint64 `json:"lock_misuse"`
+		Traces     []struct {
 			Recorder   string `json:"recorder"`
 			StackReads string `json:"stack_reads"`
 			ProbeTime  map[string]struct {
@@ -113,6 +115,18 @@ func noTraceChecks(t *testing.T, what string, rep jsonReport) {
 	for check, n := range rep.Stats.TraceChecks {
 		if n != 0 {
 			t.Errorf("%s: trace checks: %d %s", what, n, check)
+		}
+	}
+}
+
+// noLockMisuse fails for a trace of a program that uses its locks right
+// but shows lock misuse: a recorder that misread a call (an init taken
+// for an unlock) shows there in a complete trace.
+func noLockMisuse(t *testing.T, what string, rep jsonReport) {
+	t.Helper()
+	for misuse, n := range rep.Stats.LockMisuse {
+		if n != 0 {
+			t.Errorf("%s: lock misuse: %d %s", what, n, misuse)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -156,6 +157,9 @@ func traceOnce(t *testing.T, extra []string, prog string, args ...string) (jsonR
 	}
 	rep := parseReport(t, report)
 	noTraceChecks(t, fmt.Sprint(prog, args), rep)
+	if filepath.Base(prog) != "misuse" {
+		noLockMisuse(t, fmt.Sprint(prog, args), rep)
+	}
 	return rep, findings(t, report)
 }
 

@@ -179,7 +179,7 @@ func checkMPIFindings(t *testing.T, what string, rep *mpiReport) {
 			}
 		case f.Severity == "error":
 			t.Logf("%s: error (%d events lost): %s", what, rep.Stats.LostEvents, f.Title)
-		case f.Kind == "hook-lock" || f.Kind == "trace-inconsistency":
+		case f.Kind == "hook-lock" || f.Kind == "trace-inconsistency" || f.Kind == "lock-misuse":
 			t.Logf("%s: %s %s: %s", what, f.Severity, f.Kind, f.Title)
 			for _, e := range f.Edges {
 				if e.Context != "" {

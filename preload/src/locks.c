@@ -26,13 +26,13 @@
 	}                                                    \
 	return r;
 
-#define RELEASE(op, field, call, lock)       \
-	ENSURE(field);                       \
-	struct tstate *t = enter_op(op);          \
-	if (t) {                             \
-		rec_release(t, op, (__u64)(lock)); \
-		leave(t);                    \
-	}                                    \
+#define RELEASE(op, field, call, lock)                                   \
+	ENSURE(field);                                                   \
+	struct tstate *t = enter_op(op);                                 \
+	if (t) {                                                         \
+		rec_release(t, op, (__u64)(lock), (__u64)real.field, FRAME); \
+		leave(t);                                                \
+	}                                                                \
 	return call;
 
 /* An init is recorded after the call, so that kind (read from the lock)
@@ -47,13 +47,13 @@
 	}                                                                                  \
 	return r;
 
-#define DESTROY(op, field, call, lock, kind)                       \
-	ENSURE(field);                                             \
-	struct tstate *t = enter_op(op);                           \
-	if (t) {                                                   \
-		rec_lifetime(t, op, (__u64)(lock), (kind), 0, NULL); \
-		leave(t);                                          \
-	}                                                          \
+#define DESTROY(op, field, call, lock, kind)                                        \
+	ENSURE(field);                                                              \
+	struct tstate *t = enter_op(op);                                            \
+	if (t) {                                                                    \
+		rec_destroy(t, op, (__u64)(lock), (kind), (__u64)real.field, FRAME); \
+		leave(t);                                                           \
+	}                                                                           \
 	return call;
 
 EXPORT int pthread_mutex_lock(pthread_mutex_t *m)

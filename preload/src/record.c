@@ -510,14 +510,54 @@ static __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, _
 	event_send(&e);
 }
 
-HOT void rec_release(struct tstate *t, __u32 op, __u64 lock)
+/* A call that misuses a mutex or rwlock: an unlock by a thread that does
+ * not hold it, or a destroy of a held one. What the lock's word says then,
+ * as the BPF side reads it: whether it is held, and by which thread where
+ * it names one (a mutex's __owner, a rwlock's writer; 0 for readers or
+ * nobody). Spinlocks are not read. */
+static int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
+{
+	const volatile __u32 *w = (const volatile __u32 *)lock;
+	*holder = 0;
+	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY) {
+		*holder = w[GLIBC_MUTEX_OWNER_OFFSET / 4];
+		return w[GLIBC_MUTEX_LOCK_OFFSET / 4] != 0;
+	}
+	__u32 readers = w[GLIBC_RWLOCK_READERS_OFFSET / 4];
+	if (readers & GLIBC_RWLOCK_WRLOCKED)
+		*holder = w[GLIBC_RWLOCK_WRITER_OFFSET / 4];
+	return (readers & GLIBC_RWLOCK_WRLOCKED) || (readers >> GLIBC_RWLOCK_READER_SHIFT);
+}
+
+/* A misuse: sent with its stack and the holder the lock's word names. */
+static __attribute__((noinline)) void send_misuse(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u16 flags,
+						  __u32 holder, __u64 fn, __u64 *frame)
+{
+	struct event e;
+	event_init(&e, t, op);
+	e.addr = lock;
+	e.addr2 = holder;
+	e.arg = arg;
+	e.flags = flags;
+	if (t->held > 0)
+		e.flags |= F_LOCKS_HELD;
+	send_with_stack(t, &e, fn, frame);
+}
+
+HOT void rec_release(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
 	int sent = held_pop(t, lock);
 	if (t->held > 0)
 		t->held--;
-	if (sent != 0)
+	if (unlikely(sent < 0 && op != OP_SPIN_UNLOCK)) {
+		/* The thread does not hold it. */
+		__u32 holder;
+		lock_word_holder(op, lock, &holder);
+		send_misuse(t, op, lock, 0, 0, holder, fn, frame);
+	} else if (sent != 0) {
 		send_release(t, op, lock); /* else its acquisition was only counted: so is its release */
+	}
 }
 
 /* A try, timed or clock acquisition's result (counted at entry). */
@@ -548,7 +588,7 @@ static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, 
 /* An init or destroy: the lock's lifetime ends (re-initialising a live
  * lock ends it too), so every pattern is new again. An init is sent with
  * its stack, which names a heap lock, and registers the lock's page; a
- * destroy goes without, as on the BPF side. */
+ * destroy goes without (rec_destroy says when not), as on the BPF side. */
 static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
@@ -565,4 +605,21 @@ static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u6
 	}
 	send_with_stack(t, &e, fn, frame);
 	lock_page_add(lock);
+}
+
+/* A destroy: the lock's lifetime ends. One of a held mutex or rwlock is
+ * sent with its stack, after the thread's held locks whose acquisitions
+ * were only counted (the analysis names the holder's acquisition), as the
+ * BPF side does; the others go without. */
+static void rec_destroy(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
+{
+	__u32 holder;
+	if (op != OP_SPIN_DESTROY && lock_word_holder(op, lock, &holder)) {
+		count_call(t, op);
+		lifetime_changed();
+		flush_held(t);
+		send_misuse(t, op, lock, arg, F_BUSY, holder, fn, frame);
+		return;
+	}
+	rec_lifetime(t, op, lock, arg, 0, NULL);
 }
