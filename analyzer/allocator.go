@@ -299,6 +299,7 @@ type reentryKey struct {
 }
 
 type reentrySighting struct {
+	key        reentryKey
 	stream     *stream
 	pid, tid   uint32
 	outer      events.Op
@@ -321,6 +322,7 @@ func (a *Analyzer) reentry(t *thread, e *events.Event) {
 	}
 	st := t.stream.stack(e.Stack)
 	r := &reentrySighting{
+		key:    key,
 		stream: t.stream,
 		pid:    t.pid,
 		tid:    t.tid,

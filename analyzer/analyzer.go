@@ -37,6 +37,15 @@ type Analyzer struct {
 	sigBuf       []byte
 	sigDeps      []sigDep
 
+	// Finished streams' groups of instances by signature, and their
+	// allocator re-entries, for later streams to fold into (rankfold.go).
+	rankTwins     map[string]*rankGroup
+	rankReentries map[string]*reentrySighting
+	// Stacks by a hash of their frames, shared by every stream, and how
+	// many there are (stacks.go).
+	stackTable map[uint64][]*events.Stack
+	nstacks    uint32
+
 	// Dependencies between lock instances, keyed by edgeKey(from, to).
 	edges    map[uint64]*edge
 	edgeList []*edge
@@ -70,6 +79,10 @@ func New(opts Options) *Analyzer {
 		selfLocks: map[selfKey]*selfSighting{},
 		reentries: map[reentryKey]*reentrySighting{},
 		nestings:  map[int]*nestSighting{},
+
+		rankTwins:     map[string]*rankGroup{},
+		rankReentries: map[string]*reentrySighting{},
+		stackTable:    map[uint64][]*events.Stack{},
 	}
 	for _, r := range opts.Forbid {
 		a.addRule(r)
@@ -93,6 +106,7 @@ func (a *Analyzer) BeginStream(source string) {
 func (a *Analyzer) newStream(source string) {
 	if a.cur != nil {
 		a.cur.finish()
+		a.foldFinished(a.cur)
 	}
 	a.cur = newStream(len(a.streams), source)
 	a.cur.an = a
@@ -112,7 +126,7 @@ func (a *Analyzer) Add(r *events.Record) {
 		return
 	case events.RecStack:
 		if r.Stack != nil {
-			a.cur.stacks[r.Stack.ID] = r.Stack
+			a.cur.stacks[r.Stack.ID] = a.internStack(r.Stack)
 		}
 	case events.RecHeader:
 		if a.cur.seen {

@@ -27,6 +27,7 @@ type instance struct {
 	// instance is folded; seq orders instances by creation.
 	seq     int64
 	weight  uint64  // instances this one stands for: itself and its folded twins
+	local   uint64  // of those, in its own process (rankfold.go folds other traces' in)
 	in, out []*edge // its dependencies
 	dead    bool    // its lifetime ended
 	folded  bool    // merged into a twin, or dropped
@@ -83,7 +84,7 @@ func (a *Analyzer) nameInstances() *naming {
 		for _, inst := range c.instances {
 			k := procKey{inst.stream.index, inst.pid}
 			perProc[k] = append(perProc[k], inst)
-			total[k] += inst.weight
+			total[k] += inst.local
 		}
 		for _, inst := range c.instances {
 			n.label[inst.id] = c.name
@@ -97,7 +98,7 @@ func (a *Analyzer) nameInstances() *naming {
 			num := uint64(1)
 			for _, inst := range insts {
 				n.label[inst.id] = c.name + " #" + strconv.FormatUint(num, 10)
-				num += inst.weight
+				num += inst.local
 			}
 		}
 	}

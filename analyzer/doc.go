@@ -10,7 +10,9 @@
 // ones they depend on, are folded into earlier dead ones of the same
 // classes and dependencies (fold.go), so a program that creates and
 // destroys locks in a loop costs memory per way its locks are used, not
-// per lock it ever made.
+// per lock it ever made. Streams (an MPI job's ranks) share their stacks,
+// and a finished stream's locks fold into an earlier stream's used exactly
+// the same way (rankfold.go).
 //
 // # Model
 //

@@ -66,6 +66,7 @@ type incKey struct {
 // inconsistency is the first sighting of one kind on one lock (and, for
 // misuse, one site).
 type inconsistency struct {
+	key      incKey
 	kind     inconsistencyKind
 	inst     *instance
 	stream   *stream
@@ -124,6 +125,7 @@ func (a *Analyzer) addInconsistency(k incKey, r *inconsistency) {
 	if a.incons == nil {
 		a.incons = map[incKey]*inconsistency{}
 	}
+	r.key = k
 	a.incons[k] = r
 	a.inconList = append(a.inconList, r)
 }

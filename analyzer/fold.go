@@ -217,7 +217,12 @@ type sigDep struct {
 }
 
 func appendEdgeSignature(b []byte, other int64, ed *edge) []byte {
-	b = binary.AppendVarint(b, other)
+	return appendEdgeSightings(binary.AppendVarint(b, other), ed, true)
+}
+
+// appendEdgeSightings appends what ed's sightings show, with their
+// threads and process or (folding other traces) without.
+func appendEdgeSightings(b []byte, ed *edge, threads bool) []byte {
 	var present byte
 	for dt, s := range ed.seen {
 		if s != nil {
@@ -227,26 +232,33 @@ func appendEdgeSignature(b []byte, other int64, ed *edge) []byte {
 	b = append(b, present)
 	for _, s := range ed.seen {
 		if s != nil {
-			b = appendSighting(b, s)
+			b = appendSighting(b, s, threads)
 		}
 	}
 	b = binary.AppendUvarint(b, uint64(len(ed.byCall)))
 	for _, s := range ed.byCall {
-		b = appendSighting(b, s)
+		b = appendSighting(b, s, threads)
 	}
 	return b
 }
 
-func appendSighting(b []byte, s *sighting) []byte {
+func appendSighting(b []byte, s *sighting, threads bool) []byte {
 	b = append(b, byte(s.heldOp), byte(s.op), byte(s.allocOp), byte(s.hold),
-		flagByte(s.heldRead, s.read, s.timed))
-	b = binary.AppendUvarint(b, uint64(s.pid))
-	b = binary.AppendUvarint(b, uint64(s.tid))
-	b = binary.AppendUvarint(b, stackID(s.heldStack))
-	b = binary.AppendUvarint(b, stackID(s.stack))
+		flagByte(s.heldRead, s.read, s.timed, s.link != nil))
+	if threads {
+		b = binary.AppendUvarint(b, uint64(s.pid))
+		b = binary.AppendUvarint(b, uint64(s.tid))
+	}
+	b = appendStacks(b, s.heldStack, s.stack)
 	b = appendString(b, s.via)
 	b = appendString(b, s.hook)
-	return appendString(b, s.holdReason)
+	b = appendString(b, s.holdReason)
+	if s.link != nil && !threads {
+		// Within a trace, one process's hook context explains every link;
+		// across traces, each its own.
+		b = appendLink(b, s.link)
+	}
+	return b
 }
 
 func stackID(st *events.Stack) uint64 {
@@ -278,6 +290,7 @@ func (a *Analyzer) fold(cluster, rep []*instance) {
 	for i, m := range cluster {
 		twin[m] = rep[i]
 		rep[i].weight += m.weight
+		rep[i].local += m.local
 	}
 	image := func(n *instance) *instance {
 		if t := twin[n]; t != nil {

@@ -131,6 +131,9 @@ type hookLink struct {
 	ctx   *hookCtx
 	under *underCall
 	take  *hookTake
+	// weight, for a hook-context hazard (hookSelfList): how many it
+	// stands for, its folded twins of other traces included.
+	weight uint64
 }
 
 // path is the allocator's path from the call under the lock to the hooked
@@ -364,6 +367,7 @@ func (a *Analyzer) hookSelf(l *hookLink) {
 		return
 	}
 	a.hookSelfs[k] = true
+	l.weight = 1
 	a.hookSelfList = append(a.hookSelfList, l)
 }
 
@@ -419,7 +423,7 @@ func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 		// Which hooked call and which sites were seen first is timing.
 		id := findingID(kind, "hook context", n.key(u.inst), u.op.String())
 		if i, ok := index[id]; ok {
-			out[i].Occurrences++
+			out[i].Occurrences += l.weight
 			continue
 		}
 		index[id] = len(out)
@@ -432,7 +436,7 @@ func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 			Severity:    sev,
 			Locks:       []string{lock},
 			Threads:     sortedTIDs(threads),
-			Occurrences: 1,
+			Occurrences: l.weight,
 		}
 		if sev == SeverityError {
 			f.Title = "self-deadlock hazard: " + u.op.String() + " called while holding " + lock + " can run " + hook + " that takes " + lock

@@ -1,6 +1,8 @@
 package analyzer
 
 import (
+	"encoding/binary"
+	"hash/fnv"
 	"strconv"
 	"strings"
 
@@ -15,6 +17,62 @@ type Frame struct {
 	Line     uint32 `json:"line"`
 	Object   string `json:"object"`
 	Address  string `json:"address"`
+}
+
+// internStack returns the analysis's stack with st's frames: one for each
+// distinct stack, whichever traces send it (the ranks of a job send the
+// same ones), with an ID of the analysis's own. Frames are compared
+// without their addresses, which differ between processes (ASLR), unless
+// an address is all a frame has. The first sender's addresses are kept.
+func (a *Analyzer) internStack(st *events.Stack) *events.Stack {
+	h := fnv.New64a()
+	var buf [8]byte
+	for i := range st.Frames {
+		f := &st.Frames[i]
+		h.Write([]byte(f.Function))
+		h.Write([]byte{0})
+		h.Write([]byte(f.Object))
+		h.Write([]byte{0})
+		h.Write([]byte(f.File))
+		binary.LittleEndian.PutUint64(buf[:], f.Offset^uint64(f.Line)<<32)
+		h.Write(buf[:])
+		if frameByAddress(f) {
+			binary.LittleEndian.PutUint64(buf[:], f.Addr)
+			h.Write(buf[:])
+		}
+	}
+	if st.Truncated {
+		h.Write([]byte{1})
+	}
+	key := h.Sum64()
+	for _, c := range a.stackTable[key] {
+		if sameFrames(c, st) {
+			return c
+		}
+	}
+	a.nstacks++
+	c := &events.Stack{ID: a.nstacks, Frames: st.Frames, Truncated: st.Truncated}
+	a.stackTable[key] = append(a.stackTable[key], c)
+	return c
+}
+
+// frameByAddress reports whether a frame is known by its address alone.
+func frameByAddress(f *events.Frame) bool {
+	return f.Function == "" && f.Offset == 0
+}
+
+func sameFrames(x, y *events.Stack) bool {
+	if x.Truncated != y.Truncated || len(x.Frames) != len(y.Frames) {
+		return false
+	}
+	for i := range x.Frames {
+		f, g := &x.Frames[i], &y.Frames[i]
+		if f.Function != g.Function || f.Offset != g.Offset || f.Object != g.Object || f.File != g.File || f.Line != g.Line ||
+			(frameByAddress(f) && f.Addr != g.Addr) {
+			return false
+		}
+	}
+	return true
 }
 
 func framesOf(st *events.Stack) ([]Frame, bool) {

@@ -78,8 +78,14 @@ func (s *stream) setAllocator(name string) {
 	}
 }
 
-// finish drops the stream-local lookup tables.
+// finish drops the stream-local lookup tables, and the header's probe
+// sites, which no result shows (a job's every rank has its own copy).
 func (s *stream) finish() {
+	if s.header != nil && s.header.Probes != nil {
+		h := *s.header
+		h.Probes = nil
+		s.header = &h
+	}
 	s.stacks = nil
 	s.lockNames = nil
 	s.procs = nil
@@ -187,6 +193,7 @@ func (p *proc) create(a *Analyzer, addr uint64, typ lockType) *instance {
 		name:   p.stream.lockNames[lockKey{p.pid, addr}],
 		seq:    a.nextSeq,
 		weight: 1,
+		local:  1,
 	}
 	a.nextSeq++
 	a.instances[inst.id] = inst
@@ -258,6 +265,7 @@ func (p *proc) arenaLock(a *Analyzer) *instance {
 			used:   true,
 			seq:    a.nextSeq,
 			weight: 1,
+			local:  1,
 		}
 		a.nextSeq++
 		a.instances[p.arena.id] = p.arena
