@@ -13,19 +13,24 @@
  * that what the allocator does meanwhile (a hook it runs) is flagged. */
 static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame);
 
-#define ALLOC_CALL(op, field, rtype, call, addr, size, arg, fresh)                            \
+/* frame is the interposer's own frame: the caller's return address is
+ * frame[1]. */
+#define ALLOC_CALL_AT(frame, op, field, rtype, call, addr, size, arg, fresh)                      \
 	struct tstate *t = enter_op(op);                                                            \
 	if (!t)                                                                                \
 		return call;                                                                   \
-	rec_alloc(t, op, (__u64)real.field, FRAME, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
+	rec_alloc(t, op, (__u64)real.field, frame, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
 	t->shared.alloc_depth++;                                                               \
 	leave(t);                                                                              \
 	rtype r = call;                                                                        \
-	rec_alloc_mmap(t, (fresh), (__u64)real.field, FRAME);                                 \
+	rec_alloc_mmap(t, (fresh), (__u64)real.field, frame);                                 \
 	t->shared.alloc_depth--;                                                               \
 	if (!t->shared.alloc_depth)                                                            \
 		t->shared.alloc_sp = 0;                                                        \
 	return r;
+
+#define ALLOC_CALL(op, field, rtype, call, addr, size, arg, fresh) \
+	ALLOC_CALL_AT(FRAME, op, field, rtype, call, addr, size, arg, fresh)
 
 EXPORT void *malloc(size_t n)
 {
@@ -47,7 +52,8 @@ EXPORT void *calloc(size_t n, size_t m)
 	ALLOC_CALL(OP_CALLOC, calloc, void *, real.calloc(n, m), 0, n * m, 0, r)
 }
 
-EXPORT void *realloc(void *p, size_t n)
+/* realloc as called from the interposer whose frame is frame. */
+HOT void *realloc_at(void *p, size_t n, __u64 *frame)
 {
 	if (unlikely(!real.realloc)) {
 		if (resolving)
@@ -61,13 +67,29 @@ EXPORT void *realloc(void *p, size_t n)
 			memcpy(q, p, n < 256 ? n : 256);
 		return q;
 	}
-	ALLOC_CALL(OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0, NULL)
+	ALLOC_CALL_AT(frame, OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0, NULL)
 }
 
+EXPORT void *realloc(void *p, size_t n)
+{
+	return realloc_at(p, n, FRAME);
+}
+
+/* glibc's reallocarray is realloc behind an overflow check, and calls
+ * realloc through libc's PLT, which leads back here: forwarded, one call
+ * would be recorded twice, the second inside the first, as if a hook the
+ * allocator ran had re-entered it. So it is glibc's here: the check, then
+ * one realloc, from the program's caller, as the eBPF recorder sees it (its
+ * probe is on realloc, which glibc's reallocarray jumps to). Another
+ * allocator's reallocarray (jemalloc has none) is the same call. */
 EXPORT void *reallocarray(void *p, size_t n, size_t m)
 {
-	ENSURE(reallocarray);
-	ALLOC_CALL(OP_REALLOC, reallocarray, void *, real.reallocarray(p, n, m), p, n * m, 0, NULL)
+	size_t bytes;
+	if (__builtin_mul_overflow(n, m, &bytes)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return realloc_at(p, bytes, FRAME);
 }
 
 /* The size free releases, from glibc's chunk header (as the BPF side reads

@@ -6,7 +6,6 @@ static struct {
 	void *(*malloc)(size_t);
 	void *(*calloc)(size_t, size_t);
 	void *(*realloc)(void *, size_t);
-	void *(*reallocarray)(void *, size_t, size_t);
 	void (*free)(void *);
 	int (*posix_memalign)(void **, size_t, size_t);
 	void *(*aligned_alloc)(size_t, size_t);
@@ -100,7 +99,6 @@ static void resolve_real(void)
 	RESOLVE(calloc, "calloc");
 	RESOLVE(malloc, "malloc");
 	RESOLVE(realloc, "realloc");
-	RESOLVE(reallocarray, "reallocarray");
 	RESOLVE(free, "free");
 	RESOLVE(posix_memalign, "posix_memalign");
 	RESOLVE(aligned_alloc, "aligned_alloc");
