@@ -131,7 +131,11 @@ struct thread_state {
 	/* The process whose allocator range this thread saw registered: saves
 	 * a map lookup per allocator call. Cleared at exec (a new image). */
 	__u32 range_pid;
-	__u32 unused;
+	/* The allocator call this thread's last one makes next by a jump
+	 * from its caller's frame (tail_op, 0 for none), with its size, its
+	 * return slot and the return address there (see allocator_own). */
+	__u32 tail_op;
+	__u64 tail_size, tail_slot, tail_ret;
 	/* The task's bpf_get_current_pid_tgid(), saved at its first hit: a
 	 * task's ids change only at exec (a thread that execs takes the
 	 * leader's), where sched_exec saves them again. */
@@ -494,6 +498,42 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
 		return 0;
 	}
 	return 1;
+}
+
+/* glibc's allocator calls itself through its entry points, where the
+ * probes are. realloc(NULL, n) jumps to malloc, and so do memalign and
+ * aligned_alloc (one function) asking less alignment than malloc gives:
+ * from the caller's frame, so the inner call looks like the caller's next
+ * one. realloc(p, 0), realloc of a mapped chunk and posix_memalign call
+ * free or malloc from inside. The program made one call, and the
+ * preloaded library, which sees only the program's calls, counts one:
+ * these inner calls are neither counted nor sent. Called at an allocator
+ * probe, before in_alloc (a jump's slot is the outer call's, which would
+ * end it); remembers the jump the call at hand will make, if any. */
+static __always_inline int allocator_own(struct thread_state *st, __u32 pid, __u32 op, __u64 ret_slot, __u64 a0,
+					 __u64 a1)
+{
+	__u32 tail = st->tail_op;
+	st->tail_op = 0;
+	if (tail && tail == op && a0 == st->tail_size && ret_slot == st->tail_slot &&
+	    stack_word(&st->stack_page, ret_slot) == st->tail_ret)
+		return 1;
+	if (st->alloc_sp && ret_slot < st->alloc_sp) {
+		/* Inside an allocator call: a call from the allocator's own
+		 * code is the allocator's (a hook's is from elsewhere). */
+		struct alloc_range *r = bpf_map_lookup_elem(&alloc_ranges, &pid);
+		__u64 ret = stack_word(&st->stack_page, ret_slot);
+		if (r && ret >= r->lo && ret < r->hi && in_alloc(st, pid, ret_slot))
+			return 1;
+	}
+	if ((op == OP_REALLOC && a0 == 0) ||
+	    ((op == OP_MEMALIGN || op == OP_ALIGNED_ALLOC) && a0 <= GLIBC_MALLOC_ALIGNMENT)) {
+		st->tail_op = OP_MALLOC;
+		st->tail_size = a1;
+		st->tail_slot = ret_slot;
+		st->tail_ret = stack_word(&st->stack_page, ret_slot);
+	}
+	return 0;
 }
 
 /* The reader is woken only once this much is waiting, and polls for the
@@ -1053,7 +1093,6 @@ int uprobe_hook(struct pt_regs *ctx)
 	if (op >= OP_MUTEX_LOCK && op <= OP_SPIN_UNLOCK && COOKIE_REFIRES(cookie) &&
 	    refired(st, PT_REGS_PARM1(ctx), sp, ret_slot))
 		return 0;
-	count_call(op);
 
 	if (op >= OP_MALLOC && op <= OP_PVALLOC) {
 		__u32 pid = id >> 32;
@@ -1064,6 +1103,9 @@ int uprobe_hook(struct pt_regs *ctx)
 			bpf_map_update_elem(&alloc_ranges, &pid, &r, BPF_NOEXIST);
 			st->range_pid = pid;
 		}
+		if (allocator_own(st, pid, op, ret_slot, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx)))
+			return 0;
+		count_call(op);
 		int nested = in_alloc(st, pid, ret_slot);
 		__u64 outer = st->alloc_op | ((__u64)st->alloc_seq << 16);
 		if (!nested) {
@@ -1132,6 +1174,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		return 0;
 	}
 
+	count_call(op);
 	if (op == OP_PROBE_ENTER) {
 		st->uret_pending++;
 		flush_held(st, id);

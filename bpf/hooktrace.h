@@ -146,6 +146,7 @@ enum glibc_layout {
 	GLIBC_RWLOCK_WRLOCKED = 2,
 	GLIBC_RWLOCK_READER_SHIFT = 3,
 	GLIBC_RWLOCK_WRITER_OFFSET = 24, /* pthread_rwlock_t.__data.__cur_writer: the writer's TID */
+	GLIBC_MALLOC_ALIGNMENT = 16, /* what malloc aligns to: memalign asks it for less */
 };
 
 struct event {

@@ -76,6 +76,7 @@ const (
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRLOCKED        hooktraceGlibcLayout = 2
 	hooktraceGlibcLayoutGLIBC_RWLOCK_READER_SHIFT    hooktraceGlibcLayout = 3
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRITER_OFFSET   hooktraceGlibcLayout = 24
+	hooktraceGlibcLayoutGLIBC_MALLOC_ALIGNMENT       hooktraceGlibcLayout = 16
 )
 
 type hooktraceInheritedLocks struct {
@@ -213,7 +214,10 @@ type hooktraceThreadState struct {
 	UretPending uint32
 	Nheld       uint32
 	RangePid    uint32
-	Unused      uint32
+	TailOp      uint32
+	TailSize    uint64
+	TailSlot    uint64
+	TailRet     uint64
 	PidTgid     uint64
 	HeldLocks   [8]struct {
 		_     structs.HostLayout

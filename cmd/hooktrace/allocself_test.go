@@ -7,6 +7,39 @@ import (
 	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
+// TestAllocatorCallsCountedOnce: glibc's allocator entry points that call
+// another one (reallocarray → realloc through libc's PLT, realloc(NULL, n)
+// → malloc, realloc(p, 0) → free, memalign → malloc, posix_memalign →
+// malloc) are one call each, counted once, under every recorder and mode,
+// and no finding: the inner call is neither a second call nor a hook
+// re-entering the allocator. glibc 2.36's aligned_alloc is memalign's
+// code, which the eBPF recorder, probing it once, counts as aligned_alloc.
+func TestAllocatorCallsCountedOnce(t *testing.T) {
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "allocself")
+	for _, r := range traceRunsUnder(t, withAuto, nil, prog, "calls") {
+		t.Run(r.String(), func(t *testing.T) {
+			if len(r.fs) != 0 {
+				t.Errorf("want no finding, got%s", verdicts(r.fs))
+			}
+			c := r.rep.Stats.Calls
+			got := map[string]uint64{
+				"realloc":                c["realloc"],
+				"malloc":                 c["malloc"],
+				"free":                   c["free"],
+				"memalign+aligned_alloc": c["memalign"] + c["aligned_alloc"],
+				"posix_memalign":         c["posix_memalign"],
+			}
+			want := map[string]uint64{"realloc": 300, "malloc": 0, "free": 301, "memalign+aligned_alloc": 200, "posix_memalign": 100}
+			for name, n := range want {
+				if got[name] != n {
+					t.Errorf("calls.%s = %d, the program makes %d", name, got[name], n)
+				}
+			}
+		})
+	}
+}
+
 // TestHookInsideReallocarray: a hook that allocates, patched into libc's
 // mremap, runs inside reallocarray (glibc's realloc of a mapped chunk
 // calls mremap): an allocator-reentry error under every recorder, named
