@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/hooktrace/hooktrace/events"
@@ -63,6 +64,13 @@ var ProbeFuncs = named([]ProbeFunc{
 	{Op: events.OpSpinInit, Args: 1},
 	{Op: events.OpSpinDestroy, Args: 1},
 })
+
+// countedAs are functions traced as another op: the analyzer knows one
+// timed condition wait, and pthread_cond_clockwait is one (the preloaded
+// library counts it so too).
+var countedAs = []ProbeFunc{
+	{Name: "pthread_cond_clockwait", Op: events.OpCondTimedwait, Args: 2, Ret: true},
+}
 
 func named(fs []ProbeFunc) []ProbeFunc {
 	for i := range fs {
@@ -136,7 +144,7 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 	}
 	var plan []Site
 	seen := map[string]int{} // object:address -> plan index, so aliases are probed once
-	for _, fn := range ProbeFuncs {
+	for _, fn := range append(slices.Clone(ProbeFuncs), countedAs...) {
 		for _, path := range objs {
 			o := open(path)
 			if o == nil {

@@ -2,9 +2,12 @@
  * hangs: a write lock then a mutex on one thread and the mutex then a read
  * lock on the other (a read waits for a writer: a potential deadlock); a
  * trylock against the order of two mutexes (a try cannot wait: no cycle);
- * a spinlock in one order; a condition variable handed over once. */
+ * a spinlock in one order; a condition variable handed over once; a
+ * timed and a clock wait that time out at once. */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 
 static pthread_rwlock_t table_rw = PTHREAD_RWLOCK_INITIALIZER;
 static pthread_mutex_t stats_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -77,9 +80,20 @@ static void *second(void *arg)
 	return arg;
 }
 
+/* Deadlines already past: each wait times out at once. */
+__attribute__((noinline)) void timed_waits(void)
+{
+	struct timespec past = {0, 0};
+	pthread_mutex_lock(&cond_mu);
+	pthread_cond_timedwait(&cond, &cond_mu, &past);
+	pthread_cond_clockwait(&cond, &cond_mu, CLOCK_MONOTONIC, &past);
+	pthread_mutex_unlock(&cond_mu);
+}
+
 int main(void)
 {
 	pthread_spin_init(&spin, PTHREAD_PROCESS_PRIVATE);
+	timed_waits();
 	pthread_t a, b;
 	pthread_create(&b, NULL, second, NULL);
 	pthread_create(&a, NULL, first, NULL);

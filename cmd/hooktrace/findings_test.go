@@ -359,14 +359,15 @@ func TestThreeLockRing(t *testing.T) {
 // TestOtherLockKinds: a write lock then a mutex on one thread, the mutex
 // then a read lock on another: a cycle (a reader waits for a writer). A
 // trylock against the order of two mutexes cannot wait: no cycle. A
-// spinlock and a condition variable are counted.
+// spinlock and the condition waits are counted (pthread_cond_clockwait as
+// the timed wait it is).
 func TestOtherLockKinds(t *testing.T) {
 	testenv.RequireBPF(t)
 	for _, r := range traceRuns(t, nil, testenv.Program(t, "rwlocks")) {
 		t.Run(r.String(), func(t *testing.T) {
 			checkCalls(t, r, map[string]uint64{"pthread_rwlock_rdlock": 1, "pthread_rwlock_wrlock": 1,
 				"pthread_rwlock_unlock": 2, "pthread_mutex_trylock": 1, "pthread_spin_lock": 1, "pthread_spin_unlock": 1,
-				"pthread_spin_init": 1})
+				"pthread_spin_init": 1, "pthread_cond_timedwait": 2})
 			fs := ofKind(r.fs, "lock-order-cycle", "error")
 			if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"table_rw (rwlocks)", "stats_mu (rwlocks)"}) {
 				t.Fatalf("want one cycle of table_rw and stats_mu, got %v", r.fs)
