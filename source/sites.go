@@ -279,12 +279,24 @@ func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *sy
 		interp = o.Interpreter()
 	}
 	if interp != "" {
+		// The loader resolves a relative RUNPATH, LD_LIBRARY_PATH or
+		// LD_PRELOAD entry against the process's working directory (not
+		// the executable's): it is asked from there, and what it prints
+		// relative is taken from there.
+		dir, cwd := processDir(pid)
 		cmd := exec.Command(interp, "--list", exe)
 		cmd.Env = env
+		cmd.Dir = dir
 		out, err := cmd.Output()
 		if err == nil {
-			for _, p := range parseLdList(string(out)) {
-				add(p)
+			for _, l := range parseLdList(string(out)) {
+				if l.path != "" && !filepath.IsAbs(l.path) {
+					l.path = filepath.Join(cwd, l.path)
+				}
+				if !gated {
+					l.path = mappedAs(maps, l)
+				}
+				add(l.path)
 			}
 		}
 	}
@@ -296,23 +308,77 @@ func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *sy
 	return objs, nil
 }
 
-// parseLdList reads `ld.so --list` output: "name => /path (0x...)" or
-// "/path (0x...)".
-func parseLdList(out string) []string {
-	var paths []string
-	for _, line := range strings.Split(out, "\n") {
-		line = strings.TrimSpace(line)
-		if i := strings.Index(line, "=>"); i >= 0 {
-			line = strings.TrimSpace(line[i+2:])
-		}
-		if j := strings.LastIndex(line, " (0x"); j >= 0 {
-			line = line[:j]
-		}
-		if strings.HasPrefix(line, "/") {
-			paths = append(paths, line)
+// processDir is the directory to run the loader in for pid (its working
+// directory, through /proc, which reaches it in another mount namespace
+// too) and that directory's path as pid sees it. pid 0 is this process.
+func processDir(pid int) (dir, path string) {
+	if pid > 0 {
+		link := fmt.Sprintf("/proc/%d/cwd", pid)
+		if p, err := os.Readlink(link); err == nil {
+			return link, p
 		}
 	}
-	return paths
+	wd, _ := os.Getwd()
+	return "", wd
+}
+
+// ldEntry is one object `ld.so --list` names: the name it was asked for
+// (a DT_NEEDED entry, a preload) and the file the loader found for it
+// ("" when it found none).
+type ldEntry struct {
+	name, path string
+}
+
+// parseLdList reads `ld.so --list` output: "name => path (0x...)",
+// "name => not found" or "path (0x...)". A path is a file the loader
+// opened: it has a slash, and may be relative to the working directory
+// (the vDSO's line has none).
+func parseLdList(out string) []ldEntry {
+	var entries []ldEntry
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		name, path, found := strings.Cut(line, "=>")
+		if j := strings.LastIndex(line, " (0x"); j >= 0 && !found {
+			name, path = line[:j], line[:j]
+		}
+		name, path = strings.TrimSpace(name), strings.TrimSpace(path)
+		if j := strings.LastIndex(path, " (0x"); j >= 0 {
+			path = path[:j]
+		}
+		if !strings.Contains(path, "/") {
+			path = ""
+		}
+		if path != "" || (found && strings.Contains(line, "not found")) {
+			entries = append(entries, ldEntry{name: name, path: path})
+		}
+	}
+	return entries
+}
+
+// mappedAs is the file a running process maps for the loader's entry l:
+// l's path, or, where the process maps no such file (it has changed
+// directory since the loader resolved a relative path, or the loader
+// finds nothing from here), the mapped file of the same name.
+func mappedAs(maps symbolize.Maps, l ldEntry) string {
+	if len(maps) == 0 {
+		return l.path
+	}
+	if l.path != "" {
+		if _, ok := fileMapping(maps, l.path); ok {
+			return l.path
+		}
+		if r, err := filepath.EvalSymlinks(l.path); err == nil {
+			if _, ok := fileMapping(maps, r); ok {
+				return l.path
+			}
+		}
+	}
+	for _, m := range maps {
+		if m.IsFile() && filepath.Base(m.Path) == filepath.Base(l.name) {
+			return m.Path
+		}
+	}
+	return l.path
 }
 
 // loaderEnv is the part of pid's environment that steers the loader.

@@ -98,6 +98,7 @@ type jsonReport struct {
 		LockMisuse map[string]uint64 `json:"lock_misuse"`
 		Traces     []struct {
 			Recorder   string `json:"recorder"`
+			Allocator  string `json:"allocator"`
 			StackReads string `json:"stack_reads"`
 			ProbeTime  map[string]struct {
 				Runs uint64 `json:"runs"`
