@@ -4,6 +4,7 @@ package preload
 
 import (
 	"cmp"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -29,6 +30,7 @@ const (
 	shmMagic      = 0x314d48534b4f4f48
 	shmVersion    = 1
 	shmEnv        = "HOOKTRACE_SHM_FD"
+	shmNameEnv    = "HOOKTRACE_SHM"
 	shmSlots      = 1024
 	shmSlotOps    = 64
 	shmOffMagic   = 0
@@ -37,6 +39,7 @@ const (
 	shmOffFlags   = 16
 	shmOffSize    = 24
 	shmOffData    = 32
+	shmOffID      = 40
 	shmOffHead    = 64
 	shmOffTail    = 128
 	shmOffLost    = 192
@@ -65,6 +68,7 @@ const shimFD = 4
 type Preload struct {
 	opts      source.Options
 	memfd     *os.File
+	id        uint64 // the run's, in the memory and the environment
 	mem       []byte
 	ring      []byte
 	dir       string // holds the library written out for the loader
@@ -183,6 +187,15 @@ func New(opts source.Options) (*Preload, error) {
 	le.PutUint32(p.mem[shmOffFlags:], flags)
 	le.PutUint64(p.mem[shmOffSize:], uint64(size))
 	le.PutUint64(p.mem[shmOffData:], shmHeader)
+	var id [8]byte
+	for le.Uint64(id[:]) == 0 {
+		if _, err := rand.Read(id[:]); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("making the run's id: %w", err)
+		}
+	}
+	p.id = le.Uint64(id[:])
+	le.PutUint64(p.mem[shmOffID:], p.id)
 	// The magic last: a shim that sees it sees the rest.
 	atomic.StoreUint64(p.u64(shmOffMagic), shmMagic)
 	if err := p.writeShim(); err != nil {
@@ -216,9 +229,12 @@ func (p *Preload) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&p.mem[
 
 // Env returns environ with the library preloaded ahead of the user's own
 // LD_PRELOAD entries (a preloaded jemalloc stays the allocator: the shim
-// forwards to the next definition) and the shared memory's descriptor.
+// forwards to the next definition), the shared memory's descriptor, and
+// its name: this process's own descriptor of it, through /proc, with the
+// run's id, for a process whose parent closed the descriptor it inherited
+// before exec'ing it (Python's subprocess does, by default).
 func (p *Preload) Env(environ []string) []string {
-	out := make([]string, 0, len(environ)+2)
+	out := make([]string, 0, len(environ)+3)
 	pre := p.shim
 	for _, kv := range environ {
 		switch {
@@ -226,12 +242,13 @@ func (p *Preload) Env(environ []string) []string {
 			if v := strings.TrimPrefix(kv, "LD_PRELOAD="); v != "" {
 				pre += ":" + v
 			}
-		case strings.HasPrefix(kv, shmEnv+"="):
+		case strings.HasPrefix(kv, shmEnv+"="), strings.HasPrefix(kv, shmNameEnv+"="):
 		default:
 			out = append(out, kv)
 		}
 	}
-	return append(out, "LD_PRELOAD="+pre, fmt.Sprintf("%s=%d", shmEnv, shimFD))
+	return append(out, "LD_PRELOAD="+pre, fmt.Sprintf("%s=%d", shmEnv, shimFD),
+		fmt.Sprintf("%s=%016x:/proc/%d/fd/%d", shmNameEnv, p.id, os.Getpid(), p.memfd.Fd()))
 }
 
 // Files are the descriptors the target inherits, from fd 4 on.
@@ -283,7 +300,9 @@ func (p *Preload) On() error {
 
 // Exec is a no-op: the shim in the new image starts with an exec record
 // (the shim's exec wrappers put the library back into an environment that
-// dropped it, so every image of a recorded process records).
+// dropped it, and a process whose descriptor of the shared memory was
+// closed opens it again by name, so every image of a recorded process
+// records).
 func (p *Preload) Exec(pid int) {}
 
 // Exiting takes the last snapshot of pid's mappings, held at its exit.

@@ -21,8 +21,8 @@ func TestShmLayout(t *testing.T) {
 #include <linux/types.h>
 #include "shm.h"
 int main(void) {
-	printf("%llu %d %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %zu %zu %zu\n",
-		SHM_MAGIC, SHM_VERSION, SHM_ENV, SHM_SLOTS, SHM_SLOT_OPS,
+	printf("%llu %d %s %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %zu %zu %zu\n",
+		SHM_MAGIC, SHM_VERSION, SHM_ENV, SHM_NAME_ENV, SHM_OFF_ID, SHM_SLOTS, SHM_SLOT_OPS,
 		SHM_OFF_MAGIC, SHM_OFF_VERSION, SHM_OFF_TRACED, SHM_OFF_FLAGS, SHM_OFF_DATA_SIZE,
 		SHM_OFF_DATA, SHM_OFF_HEAD, SHM_OFF_TAIL, SHM_OFF_LOST, SHM_OFF_SHARED, SHM_OFF_SLOTS,
 		SHM_HEADER_BYTES, SHM_REC_HDR, SHM_KIND_PAD, SHM_F_FULL, SHM_F_FOLLOW, SHM_F_SAMPLES, SHM_F_SYSCALLS,
@@ -42,8 +42,8 @@ int main(void) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("%d %d %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d",
-		uint64(shmMagic), shmVersion, shmEnv, shmSlots, shmSlotOps,
+	want := fmt.Sprintf("%d %d %s %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d",
+		uint64(shmMagic), shmVersion, shmEnv, shmNameEnv, shmOffID, shmSlots, shmSlotOps,
 		shmOffMagic, shmOffVersion, shmOffTraced, shmOffFlags, shmOffSize,
 		shmOffData, shmOffHead, shmOffTail, shmOffLost, shmOffShared, shmOffSlots,
 		shmHeader, shmRecHdr, shmKindPad, shmFFull, shmFFollow, shmFSamples, shmFSyscalls,

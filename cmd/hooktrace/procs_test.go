@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -295,5 +296,49 @@ func TestPreloadForkHandlers(t *testing.T) {
 				})
 			})
 		}
+	}
+}
+
+// systemPython is the python3 to run: the system's, where a version
+// manager's shim (pyenv's is a shell script that execs the interpreter it
+// picks) comes first in PATH.
+func systemPython(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat("/usr/bin/python3"); err == nil {
+		return "/usr/bin/python3"
+	}
+	return testenv.Tool(t, "apt-get install -y python3", "python3")
+}
+
+// TestFollowedChildClosedDescriptor: a process that closes the descriptors
+// it inherited before an exec (Python's subprocess does by default, a
+// shell's `exec 4>&-`) still has the new image recorded: its library
+// opens the shared memory again by the name the environment carries. The
+// exec'd program's inversion is found, as the eBPF recorder finds it, and
+// the trace is complete.
+func TestFollowedChildClosedDescriptor(t *testing.T) {
+	inversion := testenv.Program(t, "inversion")
+	python := systemPython(t)
+	bash := testenv.Tool(t, "apt-get install -y bash", "bash")
+	follow := []string{"--follow-forks"}
+	for _, c := range []struct {
+		name string
+		argv []string
+	}{
+		{"python subprocess", []string{python, "-c", "import subprocess, sys; subprocess.run([sys.argv[1]], check=True)", inversion}},
+		{"bash child", []string{bash, "-c", `exec 4>&-; "$0"; exit $?`, inversion}},
+		{"bash exec", []string{bash, "-c", `exec 4>&-; exec "$0"`, inversion}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, rec := range []string{"preload", "ebpf"} {
+				if rec == "ebpf" {
+					testenv.RequireBPF(t)
+				}
+				r := traceProc(t, rec, follow, c.argv[0], c.argv[1:]...)
+				if !slices.Equal(r.cycles, []string{inversionCycle}) || r.rep.Stats.Calls["exec"] != 2 {
+					t.Errorf("%s: cycles %q, %d execs; want the child's %q, 2 execs", rec, r.cycles, r.rep.Stats.Calls["exec"], inversionCycle)
+				}
+			}
+		})
 	}
 }

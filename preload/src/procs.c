@@ -392,7 +392,7 @@ __asm__(".text\n"
 
 /* An exec's new image records when this one does and the environment
  * still preloads the library and names the shared memory. An environment
- * that dropped either (a clean envp, clearenv) gets them back; the rest
+ * that dropped any of them (a clean envp, clearenv) gets them back; the rest
  * of it, argv and every result are the program's. The new environment is
  * built on the stack, or in a mapping when large, never with the target's
  * allocator (a vfork child shares its parent's heap), and is gone when
@@ -441,22 +441,26 @@ static char *const *exec_env(struct exec_env *x, char *const *envp, int child)
 			leave(t);
 		}
 	}
-	size_t n = 0, fd_at = (size_t)-1, pre_at = (size_t)-1;
+	size_t n = 0, fd_at = (size_t)-1, name_at = (size_t)-1, pre_at = (size_t)-1;
 	if (envp) {
 		for (; envp[n]; n++) {
 			if (strncmp(envp[n], "LD_PRELOAD=", 11) == 0)
 				pre_at = n; /* the loader takes the last */
 			else if (strncmp(envp[n], SHM_ENV "=", sizeof(SHM_ENV)) == 0)
 				fd_at = n;
+			else if (strncmp(envp[n], SHM_NAME_ENV "=", sizeof(SHM_NAME_ENV)) == 0)
+				name_at = n;
 		}
 	}
+	/* An entry this image was not given is neither required nor added. */
 	int pre_ok = pre_at != (size_t)-1 && preload_has_shim(envp[pre_at] + 11);
-	int fd_ok = fd_at != (size_t)-1 && strcmp(envp[fd_at], shm_env_entry) == 0;
-	if (pre_ok && fd_ok)
+	int fd_ok = !shm_env_entry[0] || (fd_at != (size_t)-1 && strcmp(envp[fd_at], shm_env_entry) == 0);
+	int name_ok = !shm_name_entry[0] || (name_at != (size_t)-1 && strcmp(envp[name_at], shm_name_entry) == 0);
+	if (pre_ok && fd_ok && name_ok)
 		return envp;
 	const char *old = pre_at != (size_t)-1 ? envp[pre_at] + 11 : "";
 	size_t pre_len = 11 + strlen(shim_path) + 1 + strlen(old) + 1;
-	size_t need = (n + 3) * sizeof(char *) + pre_len;
+	size_t need = (n + 4) * sizeof(char *) + pre_len;
 	char *mem = x->buf;
 	if (need > sizeof(x->buf)) {
 		size_t len = (need + 4095) & ~(size_t)4095;
@@ -478,10 +482,10 @@ static char *const *exec_env(struct exec_env *x, char *const *envp, int child)
 	char **out = (char **)mem;
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++)
-		if (i != fd_at && (i != pre_at || pre_ok))
+		if ((i != fd_at || !shm_env_entry[0]) && (i != name_at || !shm_name_entry[0]) && (i != pre_at || pre_ok))
 			out[k++] = envp[i];
 	if (!pre_ok) {
-		char *s = mem + (n + 3) * sizeof(char *);
+		char *s = mem + (n + 4) * sizeof(char *);
 		out[k++] = s;
 		memcpy(s, "LD_PRELOAD=", 11);
 		s += 11;
@@ -492,7 +496,10 @@ static char *const *exec_env(struct exec_env *x, char *const *envp, int child)
 			*s++ = ':';
 		strcpy(s, old);
 	}
-	out[k++] = shm_env_entry;
+	if (shm_env_entry[0])
+		out[k++] = shm_env_entry;
+	if (shm_name_entry[0])
+		out[k++] = shm_name_entry;
 	out[k] = NULL;
 	x->envp = out;
 	return out;

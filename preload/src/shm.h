@@ -10,6 +10,12 @@
 
 /* The environment variable naming the memfd's descriptor in the target. */
 #define SHM_ENV "HOOKTRACE_SHM_FD"
+/* The one naming it in hooktrace, "ID:PATH": ID the run's (16 hex digits,
+ * as at SHM_OFF_ID), PATH /proc/PID/fd/N of hooktrace's own descriptor. A
+ * process whose inherited descriptor was closed before it exec'd (Python's
+ * subprocess closes every descriptor by default) opens the memory again
+ * by it. */
+#define SHM_NAME_ENV "HOOKTRACE_SHM"
 
 /* Counter slots: a thread claims one and is its only writer, so counting a
  * call is a plain store, exact even if the process is killed. Threads past
@@ -26,6 +32,7 @@ enum shm_offsets {
 	SHM_OFF_FLAGS = 16,     /* u32: SHM_F_* */
 	SHM_OFF_DATA_SIZE = 24, /* u64: ring bytes, a power of two */
 	SHM_OFF_DATA = 32,      /* u64: where the ring starts */
+	SHM_OFF_ID = 40,        /* u64: the run's id, never 0 (SHM_NAME_ENV) */
 	SHM_OFF_HEAD = 64,      /* u64: bytes reserved by writers, ever */
 	SHM_OFF_TAIL = 128,     /* u64: bytes consumed by the reader, ever */
 	SHM_OFF_LOST = 192,     /* u64[4]: records dropped, by record type */

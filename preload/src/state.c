@@ -42,6 +42,7 @@ extern void *__libc_stack_end;
  * dropped them. */
 static char shim_path[4096];
 static char shm_env_entry[64];
+static char shm_name_entry[128]; /* empty when the environment had none */
 
 /* The end of a process image (exit, _exit, exec) kills its other threads
  * wherever they are, in the middle of a record too, which would then be
@@ -171,23 +172,18 @@ static __u64 now(void)
 	return (__u64)t.tv_sec * 1000000000ULL + (__u64)t.tv_nsec;
 }
 
-/* Keeps what an exec's new environment needs (see exec_env). */
-static void remember_env(int fd)
+/* Keeps what an exec's new environment needs (see exec_env): the
+ * library's path and the shared memory's variables, name=value, as this
+ * image was given them. */
+static void remember_env(const char *fd_entry, const char *name_entry)
 {
 	Dl_info di;
 	if (dladdr((void *)remember_env, &di) && di.dli_fname && strlen(di.dli_fname) < sizeof(shim_path))
 		strcpy(shim_path, di.dli_fname);
-	char digits[16];
-	int n = 0;
-	do
-		digits[n++] = (char)('0' + fd % 10);
-	while ((fd /= 10) > 0);
-	size_t at = strlen(SHM_ENV);
-	memcpy(shm_env_entry, SHM_ENV, at);
-	shm_env_entry[at++] = '=';
-	while (n > 0)
-		shm_env_entry[at++] = digits[--n];
-	shm_env_entry[at] = 0;
+	if (strlen(fd_entry) < sizeof(shm_env_entry))
+		strcpy(shm_env_entry, fd_entry);
+	if (name_entry && strlen(name_entry) < sizeof(shm_name_entry))
+		strcpy(shm_name_entry, name_entry);
 }
 
 /* The kernel's sys_enter tracepoint reads a thread's t->shared at the
@@ -212,7 +208,81 @@ static void announce_shared(void)
 	hooktrace_shim_ready((long)((unsigned long)&ts.shared - tp));
 }
 
-/* Maps the memfd hooktrace passed, once per process image; returns
+/* Maps the shared memory open at fd when it is hooktrace's, of this run
+ * when id is not 0; returns whether it did. */
+static int map_shm(int fd, __u64 id)
+{
+	struct stat st;
+	/* One mapping of the whole memfd, sized by fstat: the recorder's own
+	 * memory syscalls are kept to one. */
+	if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < SHM_HEADER_BYTES)
+		return 0;
+	void *all = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (all == MAP_FAILED)
+		return 0;
+	unsigned char *m = all;
+	if (*(__u64 *)m != SHM_MAGIC || (id && *(__u64 *)(m + SHM_OFF_ID) != id) ||
+	    *(__u64 *)(m + SHM_OFF_DATA) + *(__u64 *)(m + SHM_OFF_DATA_SIZE) > (__u64)st.st_size) {
+		munmap(all, (size_t)st.st_size);
+		return 0;
+	}
+	shm = m;
+	return 1;
+}
+
+/* The entry name=... of environ, or NULL. */
+static const char *env_entry(const char *name)
+{
+	size_t n = strlen(name);
+	for (char **e = environ; e && *e; e++)
+		if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+			return *e;
+	return NULL;
+}
+
+/* Finds the shared memory: at the descriptor the environment names, else
+ * (a parent closed it before the exec) by opening it again through
+ * hooktrace's own descriptor, which the environment names with the run's
+ * id; the descriptor opened for that is closed once it is mapped, so the
+ * program's descriptors are as they were. Returns whether it is mapped. */
+static int find_shm(const char *fd_entry, const char *name_entry)
+{
+	int fd = -1;
+	if (fd_entry) {
+		const char *v = fd_entry + sizeof(SHM_ENV);
+		for (fd = 0; *v >= '0' && *v <= '9'; v++)
+			fd = fd * 10 + (*v - '0');
+	}
+	__u64 id = 0;
+	const char *path = NULL;
+	if (name_entry) {
+		const char *v = name_entry + sizeof(SHM_NAME_ENV);
+		int i = 0;
+		for (; i < 16; i++) {
+			char c = v[i];
+			int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+			if (d < 0)
+				break;
+			id = id << 4 | (__u64)d;
+		}
+		if (i == 16 && v[16] == ':')
+			path = v + 17;
+		else
+			id = 0;
+	}
+	if (fd > 0 && map_shm(fd, id))
+		return 1;
+	if (!path || !id)
+		return 0;
+	int again = open(path, O_RDWR | O_CLOEXEC);
+	if (again < 0)
+		return 0;
+	int ok = map_shm(again, id);
+	close(again);
+	return ok;
+}
+
+/* Maps the shared memory hooktrace made, once per process image; returns
  * whether this call did it. */
 static int init_process(void)
 {
@@ -222,33 +292,16 @@ static int init_process(void)
 	int saved = errno;
 	if (!real.malloc)
 		resolve_real();
-	const char *v = getenv(SHM_ENV);
-	int fd = -1;
-	if (v) {
-		fd = 0;
-		for (; *v >= '0' && *v <= '9'; v++)
-			fd = fd * 10 + (*v - '0');
-	}
-	struct stat st;
-	/* One mapping of the whole memfd, sized by fstat: the recorder's own
-	 * memory syscalls are kept to one. */
-	if (fd > 0 && fstat(fd, &st) == 0 && st.st_size >= SHM_HEADER_BYTES) {
-		void *all = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (all != MAP_FAILED && *(__u64 *)all == SHM_MAGIC &&
-		    *(__u64 *)((unsigned char *)all + SHM_OFF_DATA) + *(__u64 *)((unsigned char *)all + SHM_OFF_DATA_SIZE) <=
-			    (__u64)st.st_size) {
-			shm = all;
-			ring = shm + *H64(SHM_OFF_DATA);
-			ring_mask = *H64(SHM_OFF_DATA_SIZE) - 1;
-			cfg_flags = *H32(SHM_OFF_FLAGS);
-			my_pid = getpid();
-			active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
-			remember_env(fd);
-			if (active)
-				announce_shared();
-		} else if (all != MAP_FAILED) {
-			munmap(all, (size_t)st.st_size);
-		}
+	const char *fd_entry = env_entry(SHM_ENV), *name_entry = env_entry(SHM_NAME_ENV);
+	if (find_shm(fd_entry, name_entry)) {
+		ring = shm + *H64(SHM_OFF_DATA);
+		ring_mask = *H64(SHM_OFF_DATA_SIZE) - 1;
+		cfg_flags = *H32(SHM_OFF_FLAGS);
+		my_pid = getpid();
+		active = my_pid == *H32(SHM_OFF_TRACED) || (cfg_flags & SHM_F_FOLLOW);
+		remember_env(fd_entry ? fd_entry : "", name_entry);
+		if (active)
+			announce_shared();
 	}
 	glibc_free = real.free && real.free == dlsym(RTLD_NEXT, "__libc_free");
 	errno = saved;
