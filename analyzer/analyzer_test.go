@@ -248,6 +248,9 @@ func TestIncompleteStats(t *testing.T) {
 	footerLost := named(tracebuild.New(1, nil))
 	footerLost.Footer(&events.Footer{Lost: 7})
 
+	unrecorded := named(tracebuild.New(1, nil))
+	unrecorded.Footer(&events.Footer{Unrecorded: 2})
+
 	for _, c := range []struct {
 		name     string
 		tr       *tracebuild.Trace
@@ -258,6 +261,7 @@ func TestIncompleteStats(t *testing.T) {
 		{"lost records", lost, false, "1234 events lost"},
 		{"no footer", cut, false, "trace cut short: no footer"},
 		{"lost in footer", footerLost, false, "7 events lost"},
+		{"processes that could not record", unrecorded, false, "2 processes could not record"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			st := analyze(Options{}, c.tr).Stats
@@ -269,6 +273,9 @@ func TestIncompleteStats(t *testing.T) {
 	st := analyze(Options{}, complete, cut).Stats
 	if st.Complete || !strings.Contains(st.Incomplete, "trace1: trace cut short") {
 		t.Errorf("merged: %v %q", st.Complete, st.Incomplete)
+	}
+	if st := analyze(Options{}, unrecorded, unrecorded).Stats; st.UnrecordedProcesses != 4 {
+		t.Errorf("merged: %d processes could not record, want 4", st.UnrecordedProcesses)
 	}
 }
 

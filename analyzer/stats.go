@@ -11,9 +11,12 @@ type Stats struct {
 	Events     uint64 `json:"events"`
 	LostEvents uint64 `json:"lost_events"`
 	Threads    int    `json:"threads"`
-	// Complete is false when events were lost or a trace has no footer
-	// (it was cut short): findings may then be missing, or, with lost
-	// unlocks, wrong.
+	// UnrecordedProcesses counts the process images that ran traced and
+	// could not record (see events.Footer).
+	UnrecordedProcesses uint64 `json:"unrecorded_processes,omitempty"`
+	// Complete is false when events were lost, a process could not record
+	// or a trace has no footer (it was cut short): findings may then be
+	// missing, or, with lost unlocks, wrong.
 	Complete   bool   `json:"complete"`
 	Incomplete string `json:"incomplete,omitempty"` // why not complete
 	// Calls counts every traced call by name: the footers' counts (they
@@ -58,6 +61,8 @@ type TraceStats struct {
 	ExitStatus *int   `json:"exit_status,omitempty"`
 	ExitSignal string `json:"exit_signal,omitempty"`
 	Reason     string `json:"reason,omitempty"` // why tracing stopped
+	// UnrecordedProcesses: see Stats.
+	UnrecordedProcesses uint64 `json:"unrecorded_processes,omitempty"`
 }
 
 func (a *Analyzer) stats(n *naming) Stats {
@@ -74,6 +79,7 @@ func (a *Analyzer) stats(n *naming) Stats {
 		st.Traces = append(st.Traces, ts)
 		st.Events += ts.Events
 		st.LostEvents += ts.LostEvents
+		st.UnrecordedProcesses += ts.UnrecordedProcesses
 		st.Threads += s.threadsRun
 		st.UnbalancedUnlocks += s.unbalanced
 		if ts.Complete {
@@ -143,12 +149,19 @@ func (s *stream) stats() TraceStats {
 		ts.Reason = f.Reason
 		ts.ProbeTime = f.ProbeTime
 		ts.StackReads = f.StackReads
+		ts.UnrecordedProcesses = f.Unrecorded
 	}
 	if s.header != nil && s.header.Unrecorded != "" {
 		why = append(why, "no calls traced, hang detection alone watched the process: "+s.header.Unrecorded)
 	}
 	if ts.LostEvents > 0 {
 		why = append(why, itoa(ts.LostEvents)+" events lost")
+	}
+	switch n := ts.UnrecordedProcesses; {
+	case n == 1:
+		why = append(why, "1 process could not record")
+	case n > 1:
+		why = append(why, itoa(n)+" processes could not record")
 	}
 	if s.footer == nil {
 		why = append(why, "trace cut short: no footer")

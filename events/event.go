@@ -420,6 +420,10 @@ type Footer struct {
 	// stacks: "direct map", or "bpf_probe_read_user (why)", which makes
 	// every allocator call dearer. Empty when no probe read a stack.
 	StackReads string `json:"stack_reads,omitempty"`
+	// Unrecorded counts the process images that ran traced and could not
+	// record (the preload recorder: a static or setuid program, or the
+	// library's shared memory out of its reach).
+	Unrecorded uint64 `json:"unrecorded_processes,omitempty"`
 }
 
 // ProgramTime is a BPF program's runs and the time they took.

@@ -12,7 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -77,6 +79,12 @@ type Preload struct {
 	allocator string
 	tail      uint64
 	lostTail  uint64 // records skipped that a killed writer never finished
+
+	// The images seen starting (run holds each process at its exec) and
+	// the exec records their library sent, by pid: an image that sent
+	// none could not record.
+	imagesMu      sync.Mutex
+	images, execs map[uint32]int
 
 	// sys, when set, is a BPF tracer with only its tracepoints: the memory
 	// syscalls glibc makes inside free, which no interposition sees.
@@ -155,7 +163,7 @@ func New(opts source.Options) (*Preload, error) {
 	if size&(size-1) != 0 || size < 4096 {
 		return nil, fmt.Errorf("ring size %d is not a power of two from 4K", size)
 	}
-	p := &Preload{opts: opts}
+	p := &Preload{opts: opts, images: map[uint32]int{}, execs: map[uint32]int{}}
 	fd, err := unix.MemfdCreate("hooktrace-ring", 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating the shared memory: %w", err)
@@ -298,12 +306,32 @@ func (p *Preload) On() error {
 	return nil
 }
 
-// Exec is a no-op: the shim in the new image starts with an exec record
-// (the shim's exec wrappers put the library back into an environment that
-// dropped it, and a process whose descriptor of the shared memory was
-// closed opens it again by name, so every image of a recorded process
-// records).
-func (p *Preload) Exec(pid int) {}
+// Exec counts a new image of pid, which the shim in it starts with an
+// exec record (the shim's exec wrappers put the library back into an
+// environment that dropped it, and a process whose descriptor of the
+// shared memory was closed opens it again by name, so every image of a
+// recorded process records, but for what cannot be preloaded).
+func (p *Preload) Exec(pid int) {
+	p.imagesMu.Lock()
+	p.images[uint32(pid)]++
+	p.imagesMu.Unlock()
+}
+
+// Unrecorded lists the processes an image of which ran and sent no exec
+// record: a static or setuid program, or one the shared memory was out
+// of reach of. Complete once Run has returned.
+func (p *Preload) Unrecorded() []int {
+	p.imagesMu.Lock()
+	defer p.imagesMu.Unlock()
+	var out []int
+	for pid, n := range p.images {
+		for range n - p.execs[pid] {
+			out = append(out, int(pid))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Exiting takes the last snapshot of pid's mappings, held at its exit.
 func (p *Preload) Exiting(pid int) { p.conv.RefreshMaps(uint32(pid)) }
@@ -374,6 +402,7 @@ func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) err
 			}
 		}
 		if stopped {
+			p.warnUnrecorded()
 			return nil
 		}
 		if n > 0 {
@@ -426,6 +455,11 @@ func (p *Preload) drain(final bool) (int, error) {
 				if err := p.flushSys(binary.LittleEndian.Uint64(body[16:])); err != nil {
 					return n, err
 				}
+				if events.Op(binary.LittleEndian.Uint16(body[4:])) == events.OpExec {
+					p.imagesMu.Lock()
+					p.execs[binary.LittleEndian.Uint32(body[8:])]++
+					p.imagesMu.Unlock()
+				}
 			}
 			if err := p.conv.Raw(body); err != nil {
 				return n, err
@@ -439,6 +473,27 @@ func (p *Preload) drain(final bool) (int, error) {
 	}
 	atomic.StoreUint64(p.u64(shmOffTail), p.tail)
 	return n, nil
+}
+
+// warnUnrecorded says which processes could not record, once the last
+// records are read.
+func (p *Preload) warnUnrecorded() {
+	pids := p.Unrecorded()
+	if len(pids) == 0 {
+		return
+	}
+	what := "1 process could not record (pid"
+	if len(pids) > 1 {
+		what = fmt.Sprintf("%d processes could not record (pids", len(pids))
+	}
+	for i, pid := range pids {
+		if i == 10 {
+			what += " ..."
+			break
+		}
+		what += " " + strconv.Itoa(pid)
+	}
+	p.opts.Warn(what + "): a static or setuid program (the loader preloads nothing into it), or the recorder's shared memory out of its reach; --recorder ebpf records them")
 }
 
 // The record type and ops the merge looks at (bpf/hooktrace.h).

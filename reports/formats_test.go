@@ -405,3 +405,27 @@ func TestPerfetto(t *testing.T) {
 }
 
 var analyzerGraphEmpty = analyzer.Graph{}
+
+// TestUnrecordedProcessesReported: processes that could not record make
+// the report incomplete, and every format with stats says how many.
+func TestUnrecordedProcessesReported(t *testing.T) {
+	g := mustJudge(t, gateCases()[0])
+	st := &g.Result.Stats
+	st.UnrecordedProcesses, st.Complete, st.Incomplete = 3, false, "3 processes could not record"
+	for format, want := range map[string]string{
+		"text":     "0 lost events, 3 processes could not record,",
+		"json":     `"unrecorded_processes": 3`,
+		"sarif":    `"unrecorded_processes": 3`,
+		"junit":    `<property name="unrecorded_processes" value="3">`,
+		"markdown": "**Incomplete trace:** 3 processes could not record",
+		"html":     "lost, 3 processes could not record,",
+	} {
+		var buf bytes.Buffer
+		if err := Render(&buf, format, g); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("%s report lacks %q:\n%s", format, want, buf.String())
+		}
+	}
+}

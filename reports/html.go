@@ -100,6 +100,7 @@ var htmlFuncs = template.FuncMap{
 	"exit": func(st *analyzer.Stats) string {
 		return strings.TrimPrefix(exitText(st), ", ")
 	},
+	"unrecorded": unrecordedText,
 }
 
 var htmlTemplate = template.Must(template.New("report").Funcs(htmlFuncs).Parse(`<!DOCTYPE html>
@@ -142,7 +143,7 @@ ol.stack li { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monosp
 <p class="muted">{{plural .Counts.Findings "finding"}} · fail on {{.FailOn}}{{if .Gate.HasBaseline}} · baseline {{.Gate.BaselineName}}: {{.Counts.New}} new{{if .Counts.Updated}}, {{.Counts.Updated}} more severe{{end}}, {{.Counts.Unchanged}} still present, {{.Counts.Fixed}} fixed{{end}}{{if .Gate.HasSuppress}} · {{.Counts.Suppressed}} suppressed{{end}}{{if .Gate.Tool}} · {{.Gate.Tool}}{{end}}</p>
 {{if not .Stats.Complete}}<div class="box warn"><strong>Incomplete trace:</strong> {{.Stats.Incomplete}} — findings may be missing (and lost unlocks can make false ones).</div>{{end}}
 <div class="box">
-<div>{{.Stats.Events}} events, {{.Stats.LostEvents}} lost, {{plural .Stats.Threads "thread"}}, {{plural .Stats.Locks "lock"}} in {{plural .Stats.LockClasses "class"}}, {{plural .Stats.Dependencies "lock dependency"}}{{with exit .Stats}}, {{.}}{{end}}</div>
+<div>{{.Stats.Events}} events, {{.Stats.LostEvents}} lost{{unrecorded .Stats}}, {{plural .Stats.Threads "thread"}}, {{plural .Stats.Locks "lock"}} in {{plural .Stats.LockClasses "class"}}, {{plural .Stats.Dependencies "lock dependency"}}{{with exit .Stats}}, {{.}}{{end}}</div>
 <div class="mono muted">calls: {{.Calls}}</div>
 {{range .Stats.Warnings}}<div>warning: {{.}}</div>{{end}}
 {{if gt (len .Stats.Traces) 1}}<table>{{range .Stats.Traces}}<tr><td class="mono">{{.Source}}</td><td>pid {{.PID}}</td><td>{{.Events}} events</td><td>{{if .Complete}}complete{{else}}INCOMPLETE: {{.Incomplete}}{{end}}</td></tr>{{end}}</table>{{end}}

@@ -68,6 +68,9 @@ func JUnit(w io.Writer, g *Gate) error {
 		{"complete", strconv.FormatBool(st.Complete)},
 		{"fail_on", failOnText(g)},
 	}
+	if n := st.UnrecordedProcesses; n > 0 {
+		suite.Properties = append(suite.Properties, junitProperty{"unrecorded_processes", strconv.FormatUint(n, 10)})
+	}
 	if g.HasBaseline {
 		suite.Properties = append(suite.Properties, junitProperty{"baseline", g.BaselineName})
 	}

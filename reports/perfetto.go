@@ -76,6 +76,9 @@ func Perfetto(w io.Writer, traces []TimelineTrace, res *analyzer.Result) error {
 		if n := CountedOnly(res); n > 0 {
 			meta["note"] = CountedOnlyNote(n)
 		}
+		if n := res.Stats.UnrecordedProcesses; n > 0 {
+			meta["unrecorded_processes"] = n
+		}
 		b, err := json.Marshal(map[string]any{"hooktrace": meta})
 		if err != nil {
 			return err

@@ -241,6 +241,9 @@ func SARIF(w io.Writer, g *Gate) error {
 	if st.Incomplete != "" {
 		props["incomplete"] = st.Incomplete
 	}
+	if n := st.UnrecordedProcesses; n > 0 {
+		props["unrecorded_processes"] = n
+	}
 	if g.HasBaseline {
 		fixed := []string{}
 		for _, f := range g.Fixed {

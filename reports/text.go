@@ -80,8 +80,8 @@ func TextGate(w io.Writer, g *Gate) error {
 		p.incomplete(st)
 	}
 	p.line("hooktrace: %s", findingCount(res.Findings))
-	p.line("stats: %d events, %d lost events, %s, %s (%s), %s%s",
-		st.Events, st.LostEvents, plural(st.Threads, "thread"), plural(st.Locks, "lock"),
+	p.line("stats: %d events, %d lost events%s, %s, %s (%s), %s%s",
+		st.Events, st.LostEvents, unrecordedText(st), plural(st.Threads, "thread"), plural(st.Locks, "lock"),
 		plural(st.LockClasses, "class"), plural(st.Dependencies, "lock dependency"), exitText(st))
 	p.line("calls: %s%s", callsText(st.Calls), recorderText(st))
 	tc := st.TraceChecks
@@ -464,6 +464,14 @@ func plural(n int, word string) string {
 		return fmt.Sprintf("%d %ses", n, word)
 	}
 	return fmt.Sprintf("%d %ss", n, word)
+}
+
+// unrecordedText names the processes that could not record, if any.
+func unrecordedText(st *analyzer.Stats) string {
+	if st.UnrecordedProcesses == 0 {
+		return ""
+	}
+	return ", " + plural(int(st.UnrecordedProcesses), "process") + " could not record"
 }
 
 func exitText(st *analyzer.Stats) string {

@@ -162,8 +162,9 @@ func (r *Reading) Stop() error {
 }
 
 // Footer is the recorder's account of the trace: events sent, lost,
-// calls seen per operation, and, from a recorder of BPF programs whose
-// time the kernel counted, that time.
+// calls seen per operation, the processes that could not record, and,
+// from a recorder of BPF programs whose time the kernel counted, that
+// time.
 func Footer(rec Recorder) *events.Footer {
 	f := &events.Footer{Events: rec.Events(), Lost: rec.Lost(), Calls: rec.Calls()}
 	if p, ok := rec.(interface {
@@ -173,6 +174,9 @@ func Footer(rec Recorder) *events.Footer {
 	}
 	if p, ok := rec.(interface{ StackReadMethod() string }); ok {
 		f.StackReads = p.StackReadMethod()
+	}
+	if p, ok := rec.(interface{ Unrecorded() []int }); ok {
+		f.Unrecorded = uint64(len(p.Unrecorded()))
 	}
 	return f
 }

@@ -89,6 +89,7 @@ type jsonReport struct {
 		Threads    int               `json:"threads"`
 		Complete   bool              `json:"complete"`
 		Incomplete string            `json:"incomplete"`
+		Unrecorded uint64            `json:"unrecorded_processes"`
 		ExitStatus *int              `json:"exit_status"`
 		ExitSignal string            `json:"exit_signal"`
 		Calls      map[string]uint64 `json:"calls"`

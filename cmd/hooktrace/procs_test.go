@@ -315,7 +315,9 @@ func systemPython(t *testing.T) string {
 // shell's `exec 4>&-`) still has the new image recorded: its library
 // opens the shared memory again by the name the environment carries. The
 // exec'd program's inversion is found, as the eBPF recorder finds it, and
-// the trace is complete.
+// the trace is complete. A followed child that cannot record (a static
+// program: the loader preloads nothing into it) is counted, on stderr and
+// in the report, which says it is incomplete.
 func TestFollowedChildClosedDescriptor(t *testing.T) {
 	inversion := testenv.Program(t, "inversion")
 	python := systemPython(t)
@@ -341,4 +343,19 @@ func TestFollowedChildClosedDescriptor(t *testing.T) {
 			}
 		})
 	}
+	t.Run("static child", func(t *testing.T) {
+		static := testenv.Program(t, "inversion", "-static")
+		report, _, stderr, code := runJSON(t, "--recorder", "preload", "--follow-forks", "--fail-on", "none", "--",
+			python, "-c", "import subprocess, sys; subprocess.run([sys.argv[1]], check=True)", static)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s", code, stderr)
+		}
+		st := parseReport(t, report).Stats
+		if st.Unrecorded != 1 || st.Complete || !strings.Contains(st.Incomplete, "1 process could not record") {
+			t.Errorf("report: %d processes could not record, complete %v (%q); want 1, incomplete", st.Unrecorded, st.Complete, st.Incomplete)
+		}
+		if !strings.Contains(stderr, "1 process could not record (pid ") {
+			t.Errorf("stderr does not say a process could not record:\n%s", stderr)
+		}
+	})
 }
