@@ -389,6 +389,33 @@ func TestOtherLockKinds(t *testing.T) {
 	}
 }
 
+// TestTrylockLoop: locks taken by trylock in a hot loop, as jemalloc
+// takes its mutexes. In aggregate mode the preload recorder sends each of
+// the loop's patterns once and no failed trylock (the analysis takes
+// nothing from one), so the loop costs what a lock loop does; a lock held
+// by a trylock whose pattern was known is sent, as the successful try it
+// was, once something new happens under it. Both recorders in both modes
+// count every call and find the one cycle, of lock_a (taken by trylock)
+// and lock_c.
+func TestTrylockLoop(t *testing.T) {
+	testenv.RequireBPF(t)
+	for _, r := range traceRuns(t, nil, testenv.Program(t, "trylocks")) {
+		t.Run(r.String(), func(t *testing.T) {
+			checkCalls(t, r, map[string]uint64{"pthread_mutex_trylock": 20001, "pthread_mutex_lock": 20003})
+			fs := ofKind(r.fs, "lock-order-cycle", "error")
+			if len(fs) != 1 || len(fs) != len(r.fs) || !sameSet(fs[0].Locks, []string{"lock_a (trylocks)", "lock_c (trylocks)"}) {
+				t.Fatalf("want one cycle of lock_a and lock_c, got%s", verdicts(r.fs))
+			}
+			if !fs[0].edgeStackHas(0, "try_a", "looper") && !fs[0].edgeStackHas(1, "try_a", "looper") {
+				t.Errorf("no edge taken in try_a:\n%v", fs[0])
+			}
+			if r.recorder == "preload" && r.mode == "aggregate" && r.rep.Stats.Events > 100 {
+				t.Errorf("%d events for a loop of 20,000 trylocks: want each pattern once", r.rep.Stats.Events)
+			}
+		})
+	}
+}
+
 // TestOpenMPIMadviseHook: the seed bug. A hook patched into libc's madvise
 // takes reg_lock; one thread calls malloc holding reg_lock, another frees
 // memory so that glibc trims its arena's heap, calling madvise with the

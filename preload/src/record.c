@@ -302,8 +302,29 @@ HOT __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
 	return h ? h : 1;
 }
 
+/* Whether op is recorded at its return, where its result says whether it
+ * acquired: a try or a timed acquisition. */
+static int acquired_at_return(__u32 op)
+{
+	switch (op) {
+	case OP_MUTEX_TRYLOCK:
+	case OP_MUTEX_TIMEDLOCK:
+	case OP_MUTEX_CLOCKLOCK:
+	case OP_RWLOCK_TRYRDLOCK:
+	case OP_RWLOCK_TRYWRLOCK:
+	case OP_RWLOCK_TIMEDRDLOCK:
+	case OP_RWLOCK_TIMEDWRLOCK:
+	case OP_RWLOCK_CLOCKRDLOCK:
+	case OP_RWLOCK_CLOCKWRLOCK:
+	case OP_SPIN_TRYLOCK:
+		return 1;
+	}
+	return 0;
+}
+
 /* Sends the acquisition of h, the i-th lock t holds, at its own time if
- * it has one; returns the event sent. */
+ * it has one; returns the event sent. A try or timed acquisition is its
+ * successful return, as rec_try_result sends it. */
 static struct event send_held(struct tstate *t, const struct held_lock *h, __u32 i)
 {
 	struct event e;
@@ -314,6 +335,8 @@ static struct event send_held(struct tstate *t, const struct held_lock *h, __u32
 	e.arg = mutex_kind(h->op, h->addr);
 	e.stack = h->stack;
 	e.flags = F_ACQUIRED | (i > 0 ? F_LOCKS_HELD : 0);
+	if (acquired_at_return(h->op))
+		e.flags |= F_RETURN;
 	event_send(&e);
 	return e;
 }
@@ -560,9 +583,28 @@ HOT void rec_release(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *fr
 	}
 }
 
-/* A try, timed or clock acquisition's result (counted at entry). */
+/* A try, timed or clock acquisition's result (counted at entry). In
+ * aggregate mode a failure is only counted (the analysis takes nothing
+ * from it: no lock is held, no order is implied), and a success whose
+ * pattern was sent is held unsent, as rec_acquire holds a known
+ * acquisition: a lock taken by trylock in a hot loop (jemalloc's mutexes
+ * are) costs what a lock call does. */
 static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret, __u64 *frame)
 {
+	__u64 key = 0;
+	if (dedupable(t) && !t->shared.alloc_depth) {
+		if (ret != 0)
+			return;
+		if (t->nheld < MAX_HELD) {
+			key = pattern_key(t, op, lock, 0);
+			__u64 known = pattern_seen(t, key);
+			if (known) {
+				held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
+				t->held++;
+				return;
+			}
+		}
+	}
 	flush_held(t);
 	struct event e;
 	event_init(&e, t, op);
@@ -583,6 +625,8 @@ static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, 
 		held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
 		lock_page_add(lock);
 	}
+	if (key)
+		pattern_sent(t, key, e.stack);
 }
 
 /* An init or destroy: the lock's lifetime ends (re-initialising a live
