@@ -117,6 +117,7 @@ struct site_cookie {
 struct thread_state {
 	__u64 alloc_sp;  /* where the outermost live allocator call's return address is */
 	__u64 alloc_ret; /* ... and that return address */
+	__u64 alloc_ip;  /* ... and where its probe fired */
 	__u64 pend_addr; /* lock (or cond) address saved at entry for the return probe */
 	__u64 pend_addr2;
 	__u32 alloc_op;
@@ -500,12 +501,20 @@ static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp
 	return 1;
 }
 
+/* How far past its probe an allocator entry function makes its own calls
+ * (glibc's realloc is 1.2 KiB long), and how far before it the probe may
+ * sit (a few instructions in). */
+#define OWN_CALL_AFTER 4096
+#define OWN_CALL_BEFORE 256
+
 /* glibc's allocator calls itself through its entry points, where the
  * probes are. realloc(NULL, n) jumps to malloc, and so do memalign and
  * aligned_alloc (one function) asking less alignment than malloc gives:
  * from the caller's frame, so the inner call looks like the caller's next
  * one. realloc(p, 0), realloc of a mapped chunk and posix_memalign call
- * free or malloc from inside. The program made one call, and the
+ * free or malloc from inside: from the entry function's own code, near its
+ * probe (the allocator's range is too coarse to tell: it is rounded up to
+ * 64 KiB, and takes in strdup). The program made one call, and the
  * preloaded library, which sees only the program's calls, counts one:
  * these inner calls are neither counted nor sent. Called at an allocator
  * probe, before in_alloc (a jump's slot is the outer call's, which would
@@ -519,11 +528,10 @@ static __always_inline int allocator_own(struct thread_state *st, __u32 pid, __u
 	    stack_word(&st->stack_page, ret_slot) == st->tail_ret)
 		return 1;
 	if (st->alloc_sp && ret_slot < st->alloc_sp) {
-		/* Inside an allocator call: a call from the allocator's own
-		 * code is the allocator's (a hook's is from elsewhere). */
-		struct alloc_range *r = bpf_map_lookup_elem(&alloc_ranges, &pid);
+		/* Inside an allocator call: a call from the entry function's
+		 * own code is the allocator's (a hook's is from elsewhere). */
 		__u64 ret = stack_word(&st->stack_page, ret_slot);
-		if (r && ret >= r->lo && ret < r->hi && in_alloc(st, pid, ret_slot))
+		if (ret + OWN_CALL_BEFORE - st->alloc_ip < OWN_CALL_BEFORE + OWN_CALL_AFTER && in_alloc(st, pid, ret_slot))
 			return 1;
 	}
 	if ((op == OP_REALLOC && a0 == 0) ||
@@ -1112,6 +1120,7 @@ int uprobe_hook(struct pt_regs *ctx)
 			st->alloc_seq++;
 			st->alloc_sp = ret_slot;
 			st->alloc_ret = stack_word(&st->stack_page, ret_slot);
+			st->alloc_ip = PT_REGS_IP(ctx);
 			st->alloc_op = op;
 		}
 		int covers = 0;

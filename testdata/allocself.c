@@ -9,8 +9,11 @@
  *            memalign(16, 64) and aligned_alloc(16, 64) (glibc 2.36's one
  *            function, which jumps to malloc for so small an alignment);
  *            posix_memalign(16, 64) (which calls malloc);
- *          and a free for each but realloc's. Prints the counts a
- *          recorder must find.
+ *          and a free for each but realloc's; then N times a malloc
+ *          two calls deep, and a strdup (libc's, whose malloc is a
+ *          program call) under a frame whose unwritten stack still holds
+ *          that malloc's return address. Prints the counts a recorder
+ *          must find.
  *   hook   a runtime's hook patched into mremap, which allocates: glibc's
  *          realloc of a mapped chunk calls mremap, so the hook re-enters
  *          the allocator inside reallocarray (as realloc). */
@@ -72,6 +75,41 @@ __attribute__((noinline)) void inner_calls(void)
 	}
 }
 
+__attribute__((noinline)) void *alloc_inner(size_t n)
+{
+	void *p = malloc(n);
+	keep = p;
+	return p;
+}
+
+__attribute__((noinline)) void *alloc_outer(size_t n)
+{
+	void *p = alloc_inner(n);
+	keep = p;
+	return p;
+}
+
+/* Its buffer is never written but at its ends: the slot where
+ * alloc_inner's malloc call left its return address is in it. */
+__attribute__((noinline)) char *dup_padded(const char *s)
+{
+	volatile char pad[512];
+	pad[0] = 0;
+	char *r = strdup(s);
+	pad[1] = 0;
+	return r;
+}
+
+__attribute__((noinline)) void stale_slot(void)
+{
+	for (int i = 0; i < N; i++) {
+		void *p = alloc_outer(16);
+		char *q = dup_padded("x");
+		free(q);
+		free(p);
+	}
+}
+
 static volatile long hooked;
 
 __attribute__((noinline)) void *mremap_hook(void *old, size_t old_len, size_t new_len, int flags, ...)
@@ -100,6 +138,8 @@ int main(int argc, char **argv)
 	}
 	grow();
 	inner_calls();
-	fprintf(stderr, "realloc %d free %d memalign+aligned_alloc %d posix_memalign %d\n", 3 * N, 3 * N + 1, 2 * N, N);
+	stale_slot();
+	fprintf(stderr, "realloc %d malloc %d free %d memalign+aligned_alloc %d posix_memalign %d\n", 3 * N, 2 * N,
+		5 * N + 1, 2 * N, N);
 	return 0;
 }

@@ -205,6 +205,7 @@ type hooktraceThreadState struct {
 	_           structs.HostLayout
 	AllocSp     uint64
 	AllocRet    uint64
+	AllocIp     uint64
 	PendAddr    uint64
 	PendAddr2   uint64
 	AllocOp     uint32

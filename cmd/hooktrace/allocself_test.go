@@ -14,6 +14,8 @@ import (
 // and no finding: the inner call is neither a second call nor a hook
 // re-entering the allocator. glibc 2.36's aligned_alloc is memalign's
 // code, which the eBPF recorder, probing it once, counts as aligned_alloc.
+// A malloc libc's strdup makes is the program's, even where the stack
+// still holds an earlier malloc call's return address.
 func TestAllocatorCallsCountedOnce(t *testing.T) {
 	testenv.RequireBPF(t)
 	prog := testenv.Program(t, "allocself")
@@ -30,7 +32,7 @@ func TestAllocatorCallsCountedOnce(t *testing.T) {
 				"memalign+aligned_alloc": c["memalign"] + c["aligned_alloc"],
 				"posix_memalign":         c["posix_memalign"],
 			}
-			want := map[string]uint64{"realloc": 300, "malloc": 0, "free": 301, "memalign+aligned_alloc": 200, "posix_memalign": 100}
+			want := map[string]uint64{"realloc": 300, "malloc": 200, "free": 501, "memalign+aligned_alloc": 200, "posix_memalign": 100}
 			for name, n := range want {
 				if got[name] != n {
 					t.Errorf("calls.%s = %d, the program makes %d", name, got[name], n)
