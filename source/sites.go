@@ -3,7 +3,9 @@
 package source
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,6 +257,7 @@ func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *sy
 		env = loaderEnv(pid)
 	} else {
 		env = os.Environ()
+		exe = interpreterOf(exe)
 	}
 	// Paths as /proc/PID/maps shows them (symlinks resolved: /lib is
 	// often a link to /usr/lib), so sites and mappings compare equal.
@@ -306,6 +309,32 @@ func searchOrder(pid int, exe string, maps symbolize.Maps, open func(string) *sy
 		}
 	}
 	return objs, nil
+}
+
+// interpreterOf is the program the kernel runs to exec exe: exe itself,
+// or for a script ("#!"), its interpreter, followed as the kernel follows
+// them, up to four levels deep.
+func interpreterOf(exe string) string {
+	for range 4 {
+		f, err := os.Open(exe)
+		if err != nil {
+			return exe
+		}
+		head := make([]byte, 256)
+		n, _ := io.ReadFull(f, head)
+		f.Close()
+		line, ok := bytes.CutPrefix(head[:n], []byte("#!"))
+		if !ok {
+			return exe
+		}
+		line, _, _ = bytes.Cut(line, []byte("\n"))
+		fields := strings.Fields(string(line))
+		if len(fields) == 0 {
+			return exe
+		}
+		exe = fields[0]
+	}
+	return exe
 }
 
 // processDir is the directory to run the loader in for pid (its working

@@ -43,6 +43,22 @@ func TestExecMidTrace(t *testing.T) {
 	}
 }
 
+// TestScriptTarget: the target is a script whose interpreter execs a
+// program: both recorders trace the interpreter (the kernel's exec of a
+// script is its interpreter's) and the program it execs, and find the
+// program's inversion.
+func TestScriptTarget(t *testing.T) {
+	testenv.RequireBPF(t)
+	script := writeFile(t, "run-inversion", "#!/bin/sh\nexec "+testenv.Program(t, "inversion")+"\n")
+	if err := os.Chmod(script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fs := ofKind(traceFindings(t, nil, script), "lock-order-cycle", "error")
+	if len(fs) != 1 || !sameSet(fs[0].Locks, []string{"lock_a (inversion)", "lock_b (inversion)"}) {
+		t.Fatalf("want the exec'd program's inversion, got %v", fs)
+	}
+}
+
 // TestDamagedTraces: a trace cut short (the tracer was killed) is analyzed
 // up to its last whole block with a warning, and the report says it is
 // incomplete; so is a damaged one (a flipped byte), up to the block the
