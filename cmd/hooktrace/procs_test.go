@@ -76,23 +76,25 @@ const inversionCycle = "lock_a (inversion)+lock_b (inversion)"
 // own are kept (its LD_PRELOAD after the recorder's), one exec is one exec
 // record, and an exec that fails fails as untraced (errno, argv, no
 // mapping left behind). A spawned child records only with --follow-forks,
-// as a forked one.
+// as a forked one; its creation is one process created, as the kernel
+// counts it.
 func TestPreloadExecEnvironment(t *testing.T) {
 	envexec, inversion := testenv.Program(t, "envexec"), testenv.Program(t, "inversion")
 	cases := []struct {
-		name   string
-		follow bool
-		args   []string
-		cycles []string
-		execs  uint64 // the gate's exec into envexec included
+		name    string
+		follow  bool
+		args    []string
+		cycles  []string
+		execs   uint64 // the gate's exec into envexec included
+		created uint64 // threads and processes: the spawned child, inversion's 2 threads
 	}{
-		{"execve empty", false, []string{"empty", inversion}, []string{inversionCycle}, 2},
-		{"execle empty", false, []string{"execle", inversion}, []string{inversionCycle}, 2},
-		{"clearenv execvp", false, []string{"clearenv", inversion}, []string{inversionCycle}, 2},
-		{"custom", false, []string{"custom", inversion}, []string{inversionCycle}, 3},
-		{"spawn", false, []string{"spawn", inversion}, nil, 1},
-		{"spawn followed", true, []string{"spawn", inversion}, []string{inversionCycle}, 2},
-		{"failing", false, []string{"fail"}, nil, 1},
+		{"execve empty", false, []string{"empty", inversion}, []string{inversionCycle}, 2, 2},
+		{"execle empty", false, []string{"execle", inversion}, []string{inversionCycle}, 2, 2},
+		{"clearenv execvp", false, []string{"clearenv", inversion}, []string{inversionCycle}, 2, 2},
+		{"custom", false, []string{"custom", inversion}, []string{inversionCycle}, 3, 2},
+		{"spawn", false, []string{"spawn", inversion}, nil, 1, 1},
+		{"spawn followed", true, []string{"spawn", inversion}, []string{inversionCycle}, 2, 3},
+		{"failing", false, []string{"fail"}, nil, 1, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -101,8 +103,10 @@ func TestPreloadExecEnvironment(t *testing.T) {
 				flags = []string{"--follow-forks"}
 			}
 			check := func(rec string, r procRun) {
-				if !slices.Equal(r.cycles, c.cycles) || r.rep.Stats.Calls["exec"] != c.execs {
-					t.Errorf("%s: cycles %q, %d execs; want %q, %d", rec, r.cycles, r.rep.Stats.Calls["exec"], c.cycles, c.execs)
+				calls := r.rep.Stats.Calls
+				if !slices.Equal(r.cycles, c.cycles) || calls["exec"] != c.execs || calls["thread_create"] != c.created {
+					t.Errorf("%s: cycles %q, %d execs, %d created; want %q, %d, %d", rec, r.cycles, calls["exec"],
+						calls["thread_create"], c.cycles, c.execs, c.created)
 				}
 			}
 			p := traceProc(t, "preload", flags, envexec, c.args...)

@@ -605,8 +605,27 @@ EXPORT int execle(const char *path, const char *arg, ...)
 	return execve(path, argv, envp);
 }
 
+/* A spawn's child is a process created, as the kernel's
+ * sched_process_fork reports it to the eBPF recorder: recorded by the
+ * parent once the call returns (glibc's child has exec'd by then, and its
+ * image records from its first instruction when following). */
+static int spawned(int r, pid_t child, __u64 fn, __u64 *frame)
+{
+	if (r != 0)
+		return r;
+	int saved = errno;
+	struct tstate *t = enter();
+	if (t) {
+		process_created(t, child, fn, frame);
+		leave(t);
+	}
+	errno = saved;
+	return r;
+}
+
 /* posix_spawn starts a new process: its image records only when following
- * (the child of a spawn, as of a fork). */
+ * (the child of a spawn, as of a fork). The child's pid is learned when
+ * the caller does not ask for it. */
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
@@ -615,9 +634,10 @@ EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_acti
 	char *const *env = exec_env(&x, envp, 1);
 	if (envp && !env)
 		return errno;
-	int r = real.spawn(pid, path, fa, attr, argv, env);
+	pid_t child = 0;
+	int r = real.spawn(pid ? pid : &child, path, fa, attr, argv, env);
 	exec_env_done(&x);
-	return r;
+	return spawned(r, pid ? *pid : child, (__u64)real.spawn, FRAME);
 }
 
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
@@ -628,7 +648,8 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 	char *const *env = exec_env(&x, envp, 1);
 	if (envp && !env)
 		return errno;
-	int r = real.spawnp(pid, file, fa, attr, argv, env);
+	pid_t child = 0;
+	int r = real.spawnp(pid ? pid : &child, file, fa, attr, argv, env);
 	exec_env_done(&x);
-	return r;
+	return spawned(r, pid ? *pid : child, (__u64)real.spawnp, FRAME);
 }
