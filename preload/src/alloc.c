@@ -62,9 +62,10 @@ HOT void *realloc_at(void *p, size_t n, __u64 *frame)
 	}
 	if (unlikely(is_boot(p))) {
 		/* From the bootstrap heap: move it to the real allocator. */
+		size_t had = boot_size(p);
 		void *q = real.malloc(n);
 		if (q)
-			memcpy(q, p, n < 256 ? n : 256);
+			memcpy(q, p, n < had ? n : had);
 		return q;
 	}
 	ALLOC_CALL_AT(frame, OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0, NULL)

@@ -65,7 +65,10 @@ static struct {
 } real;
 
 /* dlsym may call calloc (for its error state) before the real allocator is
- * known: those calls are served from here and never freed. */
+ * known: those calls are served from here and never freed. Each block
+ * starts with its size, so that a realloc moving one to the real
+ * allocator copies all of it and no more. */
+#define BOOT_HDR 16
 static char boot_heap[64 << 10] __attribute__((aligned(16)));
 static size_t boot_used;
 static __thread int resolving;
@@ -74,16 +77,25 @@ static struct tstate *tstate_self(void);
 
 static void *boot_alloc(size_t n)
 {
-	n = (n + 15) & ~(size_t)15;
-	size_t at = __atomic_fetch_add(&boot_used, n, __ATOMIC_RELAXED);
-	if (at + n > sizeof(boot_heap))
+	if (n > sizeof(boot_heap))
 		return NULL;
-	return boot_heap + at; /* static memory: already zero */
+	size_t need = BOOT_HDR + ((n + 15) & ~(size_t)15);
+	size_t at = __atomic_fetch_add(&boot_used, need, __ATOMIC_RELAXED);
+	if (at + need > sizeof(boot_heap))
+		return NULL;
+	*(size_t *)(boot_heap + at) = n;
+	return boot_heap + at + BOOT_HDR; /* static memory: already zero */
 }
 
 static int is_boot(const void *p)
 {
 	return (const char *)p >= boot_heap && (const char *)p < boot_heap + sizeof(boot_heap);
+}
+
+/* The size a bootstrap block was asked for. */
+static size_t boot_size(const void *p)
+{
+	return *(const size_t *)((const char *)p - BOOT_HDR);
 }
 
 #define RESOLVE(field, name) real.field = dlsym(RTLD_NEXT, name)
