@@ -16,6 +16,8 @@ static struct probe {
 static int nprobes;
 static struct sigaction old_trap;
 
+static void shadow_prune(struct tstate *t);
+
 static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 {
 	__u64 sp = (__u64)uc->uc_mcontext.gregs[REG_RSP];
@@ -36,10 +38,10 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 		struct stack r;
 		__u32 n = 0;
 		r.ips[n++] = pr->addr;
-		if (t->stack_hi && sp + 8 <= t->stack_hi)
+		if (t->stack_hi)
 			r.ips[n++] = real_ret(t, sp, *(__u64 *)sp);
-		__u64 lo = sp, fp = bp;
-		while (n < MAX_FRAMES && t->stack_hi && fp > lo && fp + 16 <= t->stack_hi && !(fp & 7)) {
+		__u64 lo = sp, fp = bp, hi = readable_top(t, sp, WALK_SPAN);
+		while (n < MAX_FRAMES && fp > lo && fp + 16 <= hi && !(fp & 7)) {
 			__u64 *f = (__u64 *)fp;
 			__u64 ra = real_ret(t, fp + 8, f[1]);
 			if (!ra)
@@ -53,23 +55,70 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 	event_send(&e);
 	/* The exit: the return address goes through the exit stub, as a
 	 * uretprobe's does through the kernel's trampoline. */
-	if (t->nshadow < sizeof(t->shadow) / sizeof(t->shadow[0]) && t->stack_hi && sp + 8 <= t->stack_hi) {
+	if (!t->stack_hi)
+		return;
+	/* An entry for this very slot is of a frame that is gone (a longjmp
+	 * left it): two live frames never share a return address's slot. */
+	for (__u32 i = t->nshadow; i-- > 0;)
+		if (t->shadow[i].slot == sp) {
+			for (; i + 1 < t->nshadow; i++)
+				t->shadow[i] = t->shadow[i + 1];
+			t->nshadow--;
+			break;
+		}
+	if (t->nshadow == SHADOW_MAX)
+		shadow_prune(t);
+	if (t->nshadow < SHADOW_MAX) {
 		t->shadow[t->nshadow++] = (struct shadow){sp, *(__u64 *)sp, pr->index};
 		*(__u64 *)sp = (__u64)probe_exit_stub;
+	} else {
+		count_lost(REC_EVENT); /* its exit goes unrecorded */
 	}
 }
 
+/* Whether the word at slot still holds the exit stub, read without
+ * faulting: the slot of an entry a longjmp left, or of a user-level
+ * thread's stack that was freed, may be unmapped. */
+static int holds_exit_stub(__u64 slot)
+{
+	__u64 v = 0;
+	struct iovec local = {&v, sizeof(v)}, remote = {(void *)slot, sizeof(v)};
+	if (syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1, 0) != sizeof(v))
+		return 0;
+	return v == (__u64)probe_exit_stub;
+}
+
+/* Drops the entries whose slot no longer holds the exit stub: frames a
+ * longjmp left, whose stack was reused since. An entry of another stack
+ * (a user-level thread switched out with swapcontext) still holds it and
+ * stays, whatever its address. */
+static void shadow_prune(struct tstate *t)
+{
+	__u32 kept = 0;
+	for (__u32 i = 0; i < t->nshadow; i++)
+		if (holds_exit_stub(t->shadow[i].slot))
+			t->shadow[kept++] = t->shadow[i];
+	t->nshadow = kept;
+}
+
 /* Called by the exit stub with the function's return value and the slot
- * its return address was in; returns where to go back to. Entries above
- * the slot are of frames a longjmp left. */
+ * its return address was in; returns where to go back to. The newest
+ * entry for the slot is this exit's. It need not be the newest entry:
+ * the thread may have switched stacks (swapcontext, a user-level thread)
+ * since the entry, or left newer frames by longjmp, whose entries stay
+ * until shadow_prune finds them gone. */
 __attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 slot)
 {
 	struct tstate *t = &ts;
-	while (t->nshadow > 0 && t->shadow[t->nshadow - 1].slot < slot)
-		t->nshadow--;
-	if (t->nshadow == 0 || t->shadow[t->nshadow - 1].slot != slot)
-		abort(); /* no way back: the stack was changed under the recorder */
-	struct shadow sh = t->shadow[--t->nshadow];
+	__u32 i = t->nshadow;
+	while (i > 0 && t->shadow[i - 1].slot != slot)
+		i--;
+	if (i == 0)
+		abort(); /* the stub ran from a slot it was never put in */
+	struct shadow sh = t->shadow[i - 1];
+	for (; i < t->nshadow; i++)
+		t->shadow[i - 1] = t->shadow[i];
+	t->nshadow--;
 	int saved = errno;
 	if (!t->guard && active) {
 		t->guard = 1;

@@ -26,8 +26,16 @@ static void thread_init(struct tstate *t)
 		t->writing = &writing[slot].v;
 		__atomic_store_n(&writing[slot].live_tid, t->shared.tid, __ATOMIC_RELAXED);
 	}
-	if (t->shared.tid == my_pid)
+	if (t->shared.tid == my_pid) {
+		/* The main thread's stack grows down to its limit, and the
+		 * kernel keeps mmaps at least that far below it. */
+		struct rlimit rl;
+		__u64 span = 1ULL << 30;
+		if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < span)
+			span = rl.rlim_cur;
 		t->stack_hi = (__u64)__libc_stack_end;
+		t->stack_lo = t->stack_hi - span;
+	}
 	t->inited = 1;
 	errno = saved;
 }
@@ -100,13 +108,14 @@ static void leave(struct tstate *t)
  * the live stack, so code built without frame pointers (which leaves
  * anything in rbp) ends the walk instead of faulting. At a return (fn 0)
  * the caller comes first, as at the BPF side's return probes. */
+#define WALK_SPAN (64 << 10) /* how far up a user-level thread's stack a walk reads */
 static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *truncated)
 {
 	__u32 n = 0;
 	if (fn)
 		ips[n++] = fn;
 	ips[n++] = frame[1];
-	__u64 lo = (__u64)frame, hi = t->stack_hi;
+	__u64 lo = (__u64)frame, hi = readable_top(t, lo, WALK_SPAN);
 	__u64 fp = frame[0];
 	while (n < MAX_FRAMES) {
 		if (!hi || fp <= lo || fp + 16 > hi || (fp & 7))
@@ -166,7 +175,7 @@ static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __
 	if (until > sp && until - sp + 2048 < len)
 		len = until - sp + 2048;
 	/* Only the live stack may be read. */
-	__u64 top = t->stack_hi ? t->stack_hi : (until > sp ? until : sp) + 16;
+	__u64 top = t->stack_hi ? readable_top(t, sp, len) : (until > sp ? until : sp) + 16;
 	if (sp + len > top)
 		len = top > sp ? top - sp : 0;
 	len &= ~7ULL;

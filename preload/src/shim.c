@@ -32,6 +32,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 

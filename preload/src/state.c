@@ -84,6 +84,7 @@ struct tstate {
 	__u32 *writing; /* its writing flag, NULL for the shared counter */
 	int exited;     /* its exit is recorded */
 	__u64 stack_hi; /* how far up the thread's stack may be read, 0 when unknown */
+	__u64 stack_lo; /* where its stack ends below; 0 when unknown */
 	__s32 held;
 	__u32 nheld;
 	struct held_lock held_locks[MAX_HELD];
@@ -94,12 +95,13 @@ struct tstate {
 	__u64 cache_key[PATTERN_CACHE];
 	__u64 cache_stack[PATTERN_CACHE];
 	/* Return addresses of probed functions, swapped for the exit stub. */
+#define SHADOW_MAX 32
 	__u32 nshadow;
 	struct shadow {
 		__u64 slot; /* where on the stack */
 		__u64 ret;  /* what was there */
 		__u32 index;
-	} shadow[32];
+	} shadow[SHADOW_MAX];
 };
 
 static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
@@ -153,6 +155,40 @@ static __u64 real_ret(struct tstate *t, __u64 slot, __u64 v)
 		if (t->shadow[i].slot == slot)
 			return t->shadow[i].ret;
 	return v;
+}
+
+/* Whether sp is on the thread's own stack, which is mapped from sp up to
+ * stack_hi. A user-level thread's stack (makecontext, Argobots, Boost's
+ * fibers) is anywhere else, and mapped only as far as its owner made it. */
+static int on_own_stack(struct tstate *t, __u64 sp)
+{
+	return t->stack_hi && sp < t->stack_hi && sp >= t->stack_lo;
+}
+
+/* How far up from sp memory can be read, up to sp + span: on the
+ * thread's own stack, to its top; elsewhere, page by page as far as the
+ * kernel can read it for us (one 1-byte read a page, which stops at the
+ * first unmapped page) and never faults. 0 when not even sp can be read. */
+#define FOREIGN_PAGES 17
+static __u64 readable_top(struct tstate *t, __u64 sp, __u64 span)
+{
+	if (on_own_stack(t, sp))
+		return t->stack_hi;
+	if (!t->stack_hi)
+		return 0;
+	struct iovec local[FOREIGN_PAGES], remote[FOREIGN_PAGES];
+	char sink[FOREIGN_PAGES];
+	__u64 page = sp & ~4095ULL, end = sp + span;
+	int n = 0;
+	for (__u64 p = page; p < end && n < FOREIGN_PAGES; p += 4096, n++) {
+		local[n] = (struct iovec){&sink[n], 1};
+		remote[n] = (struct iovec){(void *)(p < sp ? sp : p), 1};
+	}
+	long got = syscall(SYS_process_vm_readv, my_pid, local, n, remote, n, 0);
+	if (got <= 0)
+		return 0;
+	__u64 top = page + (__u64)got * 4096;
+	return top < end ? top : end;
 }
 
 /* The shim's own image: its frames (a thread's start routine returns into
