@@ -88,20 +88,20 @@ static void thread_unwound(void *unused)
 
 /* The low end of the calling thread's stack, as glibc made it; 0 when
  * unknown. glibc allocates here (the attributes' CPU set): that is the
- * shim's, not the program's. */
-static __u64 thread_stack_lo(struct tstate *t)
+ * shim's, not the program's, so it is neither recorded nor counted (the
+ * caller holds the guard; resolving says it is not a signal handler's). */
+static __u64 thread_stack_lo(void)
 {
 	pthread_attr_t a;
 	void *addr = NULL;
 	size_t size;
-	int guard = t->guard;
-	t->guard = 1;
+	resolving = 1;
 	if (pthread_getattr_np(pthread_self(), &a) == 0) {
 		if (pthread_attr_getstack(&a, &addr, &size) != 0)
 			addr = NULL;
 		pthread_attr_destroy(&a);
 	}
-	t->guard = guard;
+	resolving = 0;
 	return (__u64)addr;
 }
 
@@ -116,7 +116,7 @@ static void *thread_start(void *p)
 		 * walks and samples may read that far and reach start_thread,
 		 * as the BPF side's do. */
 		t->stack_hi = (__u64)__builtin_frame_address(0) + 1024;
-		t->stack_lo = thread_stack_lo(t);
+		t->stack_lo = thread_stack_lo();
 		/* The creation, as the BPF side's sched_process_fork reports it:
 		 * by the creating thread, naming the new one. */
 		count_call(t, OP_THREAD_CREATE);

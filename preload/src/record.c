@@ -17,8 +17,9 @@ static void count_call(struct tstate *t, __u32 op)
  * thread), its counter slot. */
 static void thread_init(struct tstate *t)
 {
-	int saved = errno;
+	int saved = errno, guard = t->guard;
 	memset(t, 0, sizeof(*t));
+	t->guard = guard; /* the caller is inside the shim */
 	t->shared.tid = (__u32)syscall(SYS_gettid);
 	__u32 slot = __atomic_fetch_add(H32(SHM_OFF_NEXT_SLOT), 1, __ATOMIC_RELAXED);
 	if (slot < SHM_SLOTS) {
