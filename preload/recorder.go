@@ -290,6 +290,9 @@ func (p *Preload) Attach(pid int, exe string) error {
 		}
 		if a := source.FindAllocator(plan); a != nil {
 			p.allocator = a.Name
+			// Where its code is, so that its own lock calls inside
+			// an allocator call are not taken for a hook's.
+			p.conv.SetAllocatorCode(uint32(pid), a)
 		}
 		// And where the user's probes go.
 		return p.writeProbes(plan, exe)

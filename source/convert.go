@@ -29,6 +29,9 @@ type Converter struct {
 	// allocs is the allocator each process uses, as the probes placed
 	// for its current image found it.
 	allocs map[uint32]*AllocRange
+	// allocCode: where each process's allocator code is, to tell its own
+	// lock calls inside an allocator call from a hook's (both recorders).
+	allocCode map[uint32]*AllocRange
 	// Threads and lock addresses seen, for the live status line.
 	nthreads, nlocks atomic.Int64
 	// Emit receives the records.
@@ -58,8 +61,11 @@ type procState struct {
 	// long as it remembers the path.
 	samples sampleCache
 	byFrame map[string]uint32 // unwound frames -> Stack.ID
-	locks   map[uint64]bool
-	threads map[uint32]bool
+	// allocCaller: kernel stack hashes whose caller (the frame above
+	// the traced call) is allocator code.
+	allocCaller map[uint64]bool
+	locks       map[uint64]bool
+	threads     map[uint32]bool
 	// mapsDirty: memory was mapped or unmapped since the maps were read.
 	mapsDirty bool
 	// parent: the process this one was forked from. A child's first
@@ -77,6 +83,17 @@ func (p *procState) stackID(hash uint64) uint32 {
 		}
 	}
 	return 0
+}
+
+// calledByAllocator reports whether the stack a kernel hash names was
+// sent with the allocator's own code as the traced call's caller.
+func (p *procState) calledByAllocator(hash uint64) bool {
+	for q := p; q != nil; q = q.parent {
+		if v, ok := q.allocCaller[hash]; ok {
+			return v
+		}
+	}
+	return false
 }
 
 // sample is the raw stack sample an id names, as stackID finds stacks.
@@ -117,7 +134,7 @@ func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
 
 // NewConverter returns a converter that emits nothing until Emit is set.
 func NewConverter(warn func(string)) *Converter {
-	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*AllocRange{}, unw: newUnwinder()}
+	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*AllocRange{}, allocCode: map[uint32]*AllocRange{}, unw: newUnwinder()}
 }
 
 // SetAllocator records which allocator pid uses, and starts watching pid
@@ -126,8 +143,25 @@ func NewConverter(warn func(string)) *Converter {
 func (c *Converter) SetAllocator(pid uint32, r *AllocRange) {
 	c.mu.Lock()
 	c.allocs[pid] = r
+	c.allocCode[pid] = r
 	c.mu.Unlock()
 	c.proc(pid)
+}
+
+// SetAllocatorCode records where pid's allocator code is, for a recorder
+// that knows itself when a call is inside the allocator (the preload
+// shim) but not whose code a lock call inside it comes from.
+func (c *Converter) SetAllocatorCode(pid uint32, r *AllocRange) {
+	c.mu.Lock()
+	c.allocCode[pid] = r
+	c.mu.Unlock()
+}
+
+// allocatorCode is where pid's allocator code is, nil when unknown.
+func (c *Converter) allocatorCode(pid uint32) *AllocRange {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.allocCode[pid]
 }
 
 // allocator is the allocator pid uses, nil when unknown.
@@ -162,11 +196,12 @@ func (c *Converter) watchLocked(pid uint32) *procState {
 // start records a fresh procState for pid.
 func (c *Converter) start(pid uint32, sym *symbolize.Symbolizer) *procState {
 	p := &procState{
-		sym:     sym,
-		stacks:  map[uint64]uint32{},
-		byFrame: map[string]uint32{},
-		locks:   map[uint64]bool{},
-		threads: map[uint32]bool{},
+		sym:         sym,
+		stacks:      map[uint64]uint32{},
+		allocCaller: map[uint64]bool{},
+		byFrame:     map[string]uint32{},
+		locks:       map[uint64]bool{},
+		threads:     map[uint32]bool{},
 	}
 	c.procs[pid] = p
 	return p
@@ -211,7 +246,7 @@ func (c *Converter) proc(pid uint32) *procState {
 // child starts watching a forked child with its parent's allocator,
 // unless the gate's placement got there first. It says whether the child
 // is new.
-func (c *Converter) child(pid uint32, parent *procState, alloc *AllocRange) bool {
+func (c *Converter) child(pid uint32, parent *procState, alloc, code *AllocRange) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.procs[pid]; ok {
@@ -221,6 +256,7 @@ func (c *Converter) child(pid uint32, parent *procState, alloc *AllocRange) bool
 	// its maps are read.
 	c.start(pid, parent.sym.Fork(int(pid))).parent = parent
 	c.allocs[pid] = alloc
+	c.allocCode[pid] = code
 	return true
 }
 
@@ -308,7 +344,7 @@ func (c *Converter) event(r *hooktraceEvent) error {
 		delete(p.locks, r.Addr)
 	}
 	if op == events.OpThreadCreate && r.Flags&uint16(events.FlagProcess) != 0 {
-		if c.child(uint32(r.Addr), p, c.allocator(r.Pid)) {
+		if c.child(uint32(r.Addr), p, c.allocator(r.Pid), c.allocatorCode(r.Pid)) {
 			if c.OnFork != nil {
 				c.OnFork(uint32(r.Addr))
 			}
@@ -332,15 +368,24 @@ func (c *Converter) event(r *hooktraceEvent) error {
 	}
 	flags, addr2 := events.Flags(r.Flags), r.Addr2
 	var stack uint32
+	// ownLock: a lock call the allocator's own code makes inside an
+	// allocator call (jemalloc's, tcmalloc's mutexes) is the allocator
+	// at work, ordered like any lock; a hook is code of another object
+	// that the allocator call runs.
+	lockCall := op.IsLockAcquire() || op.IsUnlock() || op.IsLockInit() || op.IsLockDestroy()
 	if r.Stack>>63 != 0 {
 		s, ok := p.sample(r.Stack)
 		stack = s.stack
-		if ok && s.notInAlloc {
+		if ok && (s.notInAlloc || lockCall && s.allocCaller) {
 			flags &^= events.FlagInAlloc
 			addr2 = 0
 		}
 	} else {
 		stack = p.stackID(r.Stack)
+		if lockCall && flags&events.FlagInAlloc != 0 && p.calledByAllocator(r.Stack) {
+			flags &^= events.FlagInAlloc
+			addr2 = 0
+		}
 	}
 	c.events.Add(1)
 	c.rec = events.Record{Kind: events.RecEvent, Event: events.Event{
@@ -384,6 +429,11 @@ func (c *Converter) stack(r *hooktraceStack) error {
 	}
 	n := min(int(r.Nr), len(r.Ips))
 	pcs, whole := plausibleFrames(p.mapsFor(r.Ips[0]), r.Ips[:n])
+	if len(pcs) > 1 {
+		if alloc := c.allocatorCode(r.Pid); alloc != nil && alloc.Contains(p.sym, pcs[1]) {
+			p.allocCaller[r.Hash] = true
+		}
+	}
 	frames := p.sym.FramesInlined(pcs)
 	id, err := c.sendStack(p, frames, r.Truncated != 0 || !whole)
 	p.stacks[r.Hash] = id
@@ -408,6 +458,9 @@ func (c *Converter) sample(r *hooktraceSample, data []byte) error {
 		}
 		s.notInAlloc = !inside
 	}
+	if code := c.allocatorCode(r.Pid); len(pcs) > 1 && code != nil {
+		s.allocCaller = code.Contains(p.sym, pcs[1])
+	}
 	frames := p.sym.FramesInlined(pcs)
 	id, err := c.sendStack(p, frames, !complete)
 	s.stack = id
@@ -421,6 +474,8 @@ type sampleInfo struct {
 	// notInAlloc: the unwound stack has no allocator frame; the kernel's
 	// quick test was fooled (a stale return slot).
 	notInAlloc bool
+	// allocCaller: the traced call's caller is allocator code.
+	allocCaller bool
 }
 
 // sampleCache keeps the samples the kernel may still name: at least the
