@@ -5,7 +5,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build generate check-generated test lint bench fuzz clean demo
+.PHONY: all build generate check-generated test lint bench fuzz clean demo realworld
 
 all: build
 
@@ -60,6 +60,13 @@ bench: build
 # (needs root and gcc; see rcache/README.md).
 demo: build
 	bin/hooktrace demo
+
+# libuv's and jemalloc's own test suites, built from the checkouts given
+# (LIBUV_SRC, JEMALLOC_SRC) and run untraced and under hooktrace; prints a
+# Markdown summary (bench/realworld.sh lists the knobs). Before a release,
+# not in CI: the whole of it takes about half an hour on 2 cores.
+realworld: build
+	bench/realworld.sh
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 60s ./events
