@@ -11,6 +11,7 @@ struct start {
 	__u32 parent_tid;
 	int busy;
 	__u64 stack;
+	__u64 stack_size; /* what the thread's stack is at least, 0 when unknown */
 };
 
 #define START_SLOTS 256
@@ -86,23 +87,33 @@ static void thread_unwound(void *unused)
 	}
 }
 
-/* The low end of the calling thread's stack, as glibc made it; 0 when
- * unknown. glibc allocates here (the attributes' CPU set): that is the
- * shim's, not the program's, so it is neither recorded nor counted (the
- * caller holds the guard; resolving says it is not a signal handler's). */
-static __u64 thread_stack_lo(void)
+/* How much stack a thread created with attr gets at least, read without
+ * allocating (glibc's pthread_getattr_np would, on the program's behalf,
+ * and a thread's first malloc makes its arena). With no attribute glibc
+ * takes RLIMIT_STACK (a larger size when unlimited, and whatever
+ * pthread_setattr_default_np set, which is rare): the smaller of that and
+ * 8 MiB. Too small only costs walks on the thread's deepest frames a
+ * system call; too large would let them read past its guard page. */
+static __u64 thread_stack_size(const pthread_attr_t *attr)
 {
-	pthread_attr_t a;
-	void *addr = NULL;
-	size_t size;
-	resolving = 1;
-	if (pthread_getattr_np(pthread_self(), &a) == 0) {
-		if (pthread_attr_getstack(&a, &addr, &size) != 0)
-			addr = NULL;
-		pthread_attr_destroy(&a);
-	}
-	resolving = 0;
-	return (__u64)addr;
+	size_t size = 0;
+	if (attr)
+		return pthread_attr_getstacksize(attr, &size) == 0 ? size : 0;
+	struct rlimit rl;
+	size = 8 << 20;
+	if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < size)
+		size = rl.rlim_cur;
+	return size;
+}
+
+/* The lowest address of a thread's own stack that walks and samples may
+ * treat as its own: size bytes below hi, less a margin for what glibc
+ * keeps above the thread's first frame (its TLS and struct pthread). */
+static __u64 thread_stack_lo(__u64 hi, __u64 size)
+{
+	if (size >= (128 << 10))
+		return hi - size + (64 << 10);
+	return size ? hi - size / 2 : hi;
 }
 
 static void *thread_start(void *p)
@@ -116,7 +127,7 @@ static void *thread_start(void *p)
 		 * walks and samples may read that far and reach start_thread,
 		 * as the BPF side's do. */
 		t->stack_hi = (__u64)__builtin_frame_address(0) + 1024;
-		t->stack_lo = thread_stack_lo();
+		t->stack_lo = thread_stack_lo(t->stack_hi, s.stack_size);
 		/* The creation, as the BPF side's sched_process_fork reports it:
 		 * by the creating thread, naming the new one. */
 		count_call(t, OP_THREAD_CREATE);
@@ -154,6 +165,7 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 	s->arg = arg;
 	s->parent_tid = t->shared.tid;
 	s->stack = take_stack(t, (__u64)real.create, FRAME);
+	s->stack_size = thread_stack_size(attr);
 	leave(t);
 	int r = real.create(th, attr, thread_start, s);
 	if (r != 0)
