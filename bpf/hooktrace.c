@@ -979,25 +979,7 @@ static __always_inline int is_unlock(__u32 op)
 }
 
 /* Whether the thread may hold lock: it is in the held array, or the array
- * overflowed and cannot say. At an address two entry points share, an
- * unlock and an init (glibc 2.36's pthread_spin_unlock and
- * pthread_spin_init both store 0 to the lock word), the call is told apart
- * by this: releasing a lock the thread does not hold is undefined, so such
- * a call is an init. A lock taken before tracing began (an attach) is not
- * in the array either, but its word still says held (spin_word_held):
- * that call is its release. Read as an init it would start a new
- * lifetime of a lock still in use, and a cycle between the two. */
-/* Whether the spinlock word at lock reads as held: glibc's
- * pthread_spin_lock stores exactly 1. Memory about to be initialised holds
- * 0, or whatever was there (a freed chunk's allocator pointers), hardly
- * ever 1. */
-static __always_inline int spin_word_held(__u64 lock)
-{
-	__u32 word = 0;
-	bpf_probe_read_user(&word, sizeof(word), (void *)lock);
-	return word == 1;
-}
-
+ * overflowed and cannot say. */
 static __always_inline int may_hold(struct thread_state *st, __u64 lock)
 {
 	if (st->held < 0 || (__u32)st->held > st->nheld)
@@ -1009,6 +991,31 @@ static __always_inline int may_hold(struct thread_state *st, __u64 lock)
 			return 1;
 	}
 	return 0;
+}
+
+/* What a call at the address glibc 2.36's pthread_spin_unlock shares with
+ * pthread_spin_init (or any unlock sharing its code with an init) is: both
+ * store GLIBC_SPIN_UNLOCKED, and releasing a lock nobody holds is
+ * undefined, so the call is a release only when a thread holds the lock.
+ * When this thread's record says it may, it is. Otherwise it is an init,
+ * unless the word, read before the store, says held: 0 (pthread_spin_lock
+ * took it) or below (threads have tried it since). Memory about to become
+ * a lock says that too (zeroed memory; a reused chunk's allocator pointers
+ * are any value), so such an init is flagged F_BUSY, and the analysis
+ * takes it for a release when another thread holds the lock in its
+ * record. 1 is unlocked: memory of an earlier lock, reused. (A lock taken
+ * before an attach, unknown to both, gives nothing either way.) */
+static __always_inline __u32 alias_op(struct thread_state *st, __u64 lock, __u32 op, __u32 alias, __u16 *flags)
+{
+	if (may_hold(st, lock))
+		return op;
+	if (op != OP_SPIN_UNLOCK)
+		return alias;
+	__s32 word = GLIBC_SPIN_UNLOCKED;
+	bpf_probe_read_user(&word, sizeof(word), (void *)lock);
+	if (word <= 0)
+		*flags = F_BUSY;
+	return alias;
 }
 
 /* Whether this hit is the same call's probe firing again: glibc's
@@ -1094,9 +1101,9 @@ int uprobe_hook(struct pt_regs *ctx)
 	__u64 sp = PT_REGS_SP(ctx);
 	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
 	__u64 id = thread_ids(st);
-	if (is_unlock(op) && COOKIE_ALIAS(cookie) && !may_hold(st, PT_REGS_PARM1(ctx)) &&
-	    !spin_word_held(PT_REGS_PARM1(ctx)))
-		op = COOKIE_ALIAS(cookie);
+	__u16 alias_flags = 0;
+	if (is_unlock(op) && COOKIE_ALIAS(cookie))
+		op = alias_op(st, PT_REGS_PARM1(ctx), op, COOKIE_ALIAS(cookie), &alias_flags);
 	/* The high half means this only for lock probes. */
 	if (op >= OP_MUTEX_LOCK && op <= OP_SPIN_UNLOCK && COOKIE_REFIRES(cookie) &&
 	    refired(st, PT_REGS_PARM1(ctx), sp, ret_slot))
@@ -1309,6 +1316,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		e->flags |= F_LOCKS_HELD;
 	/* Inits are sent with their stack: it names heap locks. */
 	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT) {
+		e->flags |= alias_flags;
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		lock_page_add(id >> 32, lock);
 		return 0;

@@ -76,6 +76,7 @@ const (
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRLOCKED        hooktraceGlibcLayout = 2
 	hooktraceGlibcLayoutGLIBC_RWLOCK_READER_SHIFT    hooktraceGlibcLayout = 3
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRITER_OFFSET   hooktraceGlibcLayout = 24
+	hooktraceGlibcLayoutGLIBC_SPIN_UNLOCKED          hooktraceGlibcLayout = 1
 	hooktraceGlibcLayoutGLIBC_MALLOC_ALIGNMENT       hooktraceGlibcLayout = 16
 )
 
