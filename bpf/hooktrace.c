@@ -39,6 +39,10 @@ volatile __u64 lock_epoch = 0;
  * remembers by address (thread_state.sites) hold only within one. */
 volatile __u64 code_epoch = 0;
 
+/* Counts execs in any traced process: a lock lifetime left pending (lives)
+ * by an earlier image is not this one's. */
+volatile __u64 exec_epoch = 0;
+
 /* Processes being traced (tgid -> TRACED, or GATED for a child that has
  * not exec'd its target yet: its own start-up is not the target's). uprobes
  * are PID-filtered by the kernel; the raw tracepoints are global and filter
@@ -193,6 +197,44 @@ struct {
 	__type(key, struct page_key);
 	__type(value, __u64);
 } lock_pages SEC(".maps");
+
+/* Lock lifetimes in aggregate mode. A program that makes and destroys
+ * locks in a loop (TSan's Test14: locks on the stack of a loop's body)
+ * sent two records a lifetime, an init with its stack and a destroy: most
+ * of what such a loop cost. A lifetime nobody used changes no finding (the
+ * analysis names and numbers only used locks), so at an address whose last
+ * lifetime the analysis saw end (LIFE_ENDED: its destroy was sent), an
+ * init is kept here instead (LIFE_PENDING), and its destroy, if nothing
+ * used the lock, drops both. Any record sent that uses the lock sends the
+ * init first (life_use): the init and the destroy bump lock_epoch, so the
+ * lock's next acquisition by any thread is sent. */
+enum life_state {
+	LIFE_ENDED = 1,
+	LIFE_PENDING = 2,
+};
+
+struct life_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 addr;
+};
+
+struct life {
+	__u64 stack; /* the pending init's */
+	__u64 arg;
+	__u64 exec_epoch;
+	__u32 state;
+	__u16 op;
+	__u16 flags;
+};
+
+/* A full map sends every lifetime, as without it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct life_key);
+	__type(value, struct life);
+} lives SEC(".maps");
 
 /* A filter in front of lock_pages, one bit per hash of (process, page),
  * never cleared: most freed chunks share no page with any lock, and this
@@ -801,6 +843,29 @@ static __always_inline void event_send(struct event *e)
 		count_lost(REC_EVENT);
 }
 
+/* A record about to be sent (aggregate mode) uses the lock at addr (see
+ * lives): a kept init of it goes first, in the sending thread's name (no
+ * finding depends on which thread made an init), and the lifetime is live
+ * again. */
+static __always_inline void life_use(struct event *e, __u64 addr)
+{
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = addr};
+	struct life *l = bpf_map_lookup_elem(&lives, &k);
+	if (!l)
+		return;
+	if (l->state == LIFE_PENDING && l->exec_epoch == exec_epoch) {
+		struct event init;
+		event_init(&init, l->op, ((__u64)e->pid << 32) | e->tid);
+		init.time = e->time;
+		init.flags = l->flags;
+		init.addr = addr;
+		init.arg = l->arg;
+		init.stack = l->stack;
+		event_send(&init);
+	}
+	bpf_map_delete_elem(&lives, &k);
+}
+
 static __always_inline int is_mutex(__u32 op)
 {
 	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
@@ -976,6 +1041,49 @@ static __always_inline void alloc_context(struct event *e, struct thread_state *
 static __always_inline int is_unlock(__u32 op)
 {
 	return op == OP_MUTEX_UNLOCK || op == OP_RWLOCK_UNLOCK || op == OP_SPIN_UNLOCK;
+}
+
+/* The entry to keep an init in instead of sending it (its stack is the
+ * caller's to fill), at an address whose last lifetime ended, or whose
+ * last init is still kept (see lives); NULL to send it. */
+static __always_inline struct life *life_keep(struct event *e)
+{
+	if (full_mode)
+		return 0;
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = e->addr};
+	struct life *l = bpf_map_lookup_elem(&lives, &k);
+	if (!l)
+		return 0;
+	l->arg = e->arg;
+	l->op = e->op;
+	l->flags = e->flags & F_BUSY;
+	l->exec_epoch = exec_epoch;
+	l->state = LIFE_PENDING;
+	return l;
+}
+
+/* A destroy (not a misuse): whether it ends a kept init's lifetime, which
+ * nothing used, so that neither is sent. */
+static __always_inline int life_unused(struct event *e)
+{
+	if (full_mode)
+		return 0;
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = e->addr};
+	struct life *l = bpf_map_lookup_elem(&lives, &k);
+	if (!l || l->state != LIFE_PENDING)
+		return 0;
+	l->state = LIFE_ENDED;
+	return 1;
+}
+
+/* A destroy was sent: the analysis ends the lock's lifetime. */
+static __always_inline void life_ended(struct event *e)
+{
+	if (full_mode)
+		return;
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = e->addr};
+	struct life v = {.state = LIFE_ENDED};
+	bpf_map_update_elem(&lives, &k, &v, BPF_ANY);
 }
 
 /* Whether the thread may hold lock: it is in the held array, or the array
@@ -1291,6 +1399,8 @@ int uprobe_hook(struct pt_regs *ctx)
 			e->flags |= F_LOCKS_HELD;
 		e->flags |= F_ACQUIRED;
 		alloc_context(e, st, ret_slot);
+		if (!full_mode)
+			life_use(e, lock);
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
 		st->held++;
@@ -1317,18 +1427,33 @@ int uprobe_hook(struct pt_regs *ctx)
 	/* Inits are sent with their stack: it names heap locks. */
 	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT) {
 		e->flags |= alias_flags;
-		send_with_stack(ctx, e, ctx, ret_slot, st);
+		/* As send_with_stack: an init is never inside an allocator call. */
+		struct life *kept = life_keep(e);
+		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : ctx);
+		if (kept)
+			kept->stack = e->stack;
+		else
+			event_send(e);
 		lock_page_add(id >> 32, lock);
 		return 0;
 	}
+	int destroy = op == OP_MUTEX_DESTROY || op == OP_RWLOCK_DESTROY || op == OP_SPIN_DESTROY;
+	/* A release (sent: its lock's acquisition was, or nobody held it) or
+	 * a misuse uses the lock. */
+	if (!full_mode && (misuse || !destroy))
+		life_use(e, lock);
 	if (misuse) {
-		if (op == OP_MUTEX_DESTROY || op == OP_RWLOCK_DESTROY)
+		if (destroy)
 			e->flags |= F_BUSY;
 		e->addr2 = holder;
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		return 0;
 	}
+	if (destroy && life_unused(e))
+		return 0;
 	event_send(e);
+	if (destroy)
+		life_ended(e);
 	return 0;
 }
 
@@ -1382,6 +1507,8 @@ int uretprobe_hook(struct pt_regs *ctx)
 	if (st->held > 1 || ((e->flags & F_ACQUIRED) == 0 && st->held > 0))
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, sp);
+	if (!full_mode && (e->flags & F_ACQUIRED))
+		life_use(e, (op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT) ? e->addr2 : e->addr);
 	/* At the return the caller's frame is whole: no slot to put back. */
 	send_with_stack(ctx, e, ctx, 0, st);
 	if (e->flags & F_ACQUIRED) {
@@ -1692,6 +1819,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	}
 	__sync_fetch_and_add(&lock_epoch, 1);
 	__sync_fetch_and_add(&code_epoch, 1);
+	__sync_fetch_and_add(&exec_epoch, 1);
 	if (!tracing_on)
 		return 0;
 	count_call(OP_EXEC);
