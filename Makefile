@@ -44,16 +44,19 @@ test: lint
 # hooktrace's recorders and modes, the eBPF floor, TSan and Helgrind,
 # round-robin; prints a Markdown table (bench/README.md). Needs root.
 # BENCH_ROUNDS, BENCH_ITERS (lock holds per thread), BENCH_THREADS,
-# BENCH_MUTEXES and BENCH_CONFIGS (comma-separated keys) tune it.
+# BENCH_MUTEXES and BENCH_CONFIGS (comma-separated keys) tune it;
+# BENCH_LIFE_ITERS, the lock-lifetime workloads' iterations a thread.
 BENCH_ROUNDS ?= 5
 BENCH_ITERS ?= 100000
 BENCH_THREADS ?= 2
 BENCH_MUTEXES ?= 4
 BENCH_CONFIGS ?=
+BENCH_LIFE_ITERS ?= 2000
 bench: build
 	HOOKTRACE_BENCH_ROUNDS=$(BENCH_ROUNDS) HOOKTRACE_BENCH_ITERS=$(BENCH_ITERS) \
 	HOOKTRACE_BENCH_THREADS=$(BENCH_THREADS) HOOKTRACE_BENCH_MUTEXES=$(BENCH_MUTEXES) \
 	HOOKTRACE_BENCH_CONFIGS="$(BENCH_CONFIGS)" HOOKTRACE_BENCH_BIN=$(CURDIR)/bin/hooktrace \
+	HOOKTRACE_BENCH_LIFE_ITERS=$(BENCH_LIFE_ITERS) \
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 0 ./bench/
 
 # The reference registration cache, legacy and fixed, traced for real

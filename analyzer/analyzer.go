@@ -253,6 +253,9 @@ func (a *Analyzer) event(e *events.Event) {
 func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 	switch e.Op {
 	case events.OpMutexInit, events.OpRwlockInit, events.OpSpinInit:
+		if e.Op == events.OpSpinInit && e.Flags&events.FlagBusy != 0 && a.spinAliasUnlock(t, e) {
+			break
+		}
 		inst := t.proc.initLock(a, e.Addr, lockTypeOf(e.Op), t.stream.stack(e.Stack))
 		if e.Op == events.OpRwlockInit {
 			inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive

@@ -76,6 +76,23 @@ func (a *Analyzer) unheldUnlock(t *thread, e *events.Event, addr uint64) {
 	a.misuse(t, e, incUnlock, inst, holder{})
 }
 
+// spinAliasUnlock handles a spinlock init the eBPF recorder flagged as
+// maybe a release (events.FlagBusy: glibc's pthread_spin_init is
+// pthread_spin_unlock's code, the caller did not hold the lock, and its
+// word said held): it is the release of the lock another thread holds,
+// if one does, and reports whether it was.
+func (a *Analyzer) spinAliasUnlock(t *thread, e *events.Event) bool {
+	if o, _ := t.otherHolder(e.Addr); o == nil {
+		return false
+	}
+	u := *e
+	u.Op, u.Flags = events.OpSpinUnlock, e.Flags&^events.FlagBusy
+	if !t.release(u.Addr, false) {
+		a.unheldUnlock(t, &u, u.Addr)
+	}
+	return true
+}
+
 // destroyLock ends the lifetime of a destroyed lock, and reports its
 // destroy when a thread holds it or the lock's word says it is held
 // (FlagBusy). glibc refuses to destroy a held mutex (EBUSY): that one

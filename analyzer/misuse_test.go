@@ -227,6 +227,49 @@ func misuseCases() []ruleCase {
 			},
 		},
 		{
+			// glibc's pthread_spin_init is pthread_spin_unlock's code: the
+			// eBPF recorder sends a call there by a thread that does not
+			// hold the lock, whose word said held (0), as an init with
+			// FlagBusy. Another thread holds it: its release.
+			name:   "spinlock init flagged held, another thread holding it",
+			header: runHeader(),
+			build: func(b *tracebuild.Trace) {
+				b.Thread(1, "main").Thread(2, "child")
+				b.Event(events.Event{TID: 1, Op: events.OpSpinLock, Flags: events.FlagAcquired, Addr: lockA}, "pthread_spin_lock"+libc, "take_it")
+				b.Event(events.Event{TID: 2, Op: events.OpSpinInit, Flags: events.FlagBusy, Addr: lockA}, "pthread_spin_init"+libc, "child_fn")
+				lk(b, 1, lockB, "then_b") // lock_a is no longer held: no lock_a → lock_b
+				b.Unlock(1, lockB)
+			},
+			want: misuse,
+			check: func(t *testing.T, res *Result) {
+				checkMisuse(t, res, misuseWant{title: "unlock of lock_a (libx.so), held by another thread", lock: "lock_a (libx.so)",
+					stack: "child_fn", held: "take_it", action: "unlocked", threads: []uint32{1, 2},
+					checks: LockMisuse{ForeignUnlocks: 1}, detail: "called pthread_spin_unlock"})
+				if len(res.Graph.Edges) != 0 {
+					t.Errorf("graph edges %+v", res.Graph.Edges)
+				}
+			},
+		},
+		{
+			// The same call on zeroed memory nobody holds: an init, which
+			// names the lock.
+			name:   "spinlock init flagged held, nobody holding it: an init",
+			header: runHeader(),
+			build: func(b *tracebuild.Trace) {
+				b.Event(events.Event{TID: 1, Op: events.OpSpinInit, Flags: events.FlagBusy, Addr: heapP}, "pthread_spin_init"+libc, "make_lock")
+				b.Event(events.Event{TID: 1, Op: events.OpSpinLock, Flags: events.FlagAcquired, Addr: heapP}, "pthread_spin_lock"+libc, "use_lock")
+				b.Event(events.Event{TID: 1, Op: events.OpSpinUnlock, Addr: heapP})
+			},
+			check: func(t *testing.T, res *Result) {
+				if res.Stats.LockMisuse.Total() != 0 || res.Stats.UnbalancedUnlocks != 0 {
+					t.Errorf("misuse %+v, unbalanced %d", res.Stats.LockMisuse, res.Stats.UnbalancedUnlocks)
+				}
+				if n := res.Graph.Nodes; len(n) != 0 && !strings.Contains(n[0].Name, "initialised at make_lock") {
+					t.Errorf("graph nodes %+v", n)
+				}
+			},
+		},
+		{
 			name:   "destroy of an unheld lock, unlock of a held one: nothing",
 			header: runHeader(),
 			build: func(b *tracebuild.Trace) {

@@ -39,6 +39,10 @@ volatile __u64 lock_epoch = 0;
  * remembers by address (thread_state.sites) hold only within one. */
 volatile __u64 code_epoch = 0;
 
+/* Counts execs in any traced process: a lock lifetime left pending (lives)
+ * by an earlier image is not this one's. */
+volatile __u64 exec_epoch = 0;
+
 /* Processes being traced (tgid -> TRACED, or GATED for a child that has
  * not exec'd its target yet: its own start-up is not the target's). uprobes
  * are PID-filtered by the kernel; the raw tracepoints are global and filter
@@ -193,6 +197,44 @@ struct {
 	__type(key, struct page_key);
 	__type(value, __u64);
 } lock_pages SEC(".maps");
+
+/* Lock lifetimes in aggregate mode. A program that makes and destroys
+ * locks in a loop (TSan's Test14: locks on the stack of a loop's body)
+ * sent two records a lifetime, an init with its stack and a destroy: most
+ * of what such a loop cost. A lifetime nobody used changes no finding (the
+ * analysis names and numbers only used locks), so at an address whose last
+ * lifetime the analysis saw end (LIFE_ENDED: its destroy was sent), an
+ * init is kept here instead (LIFE_PENDING), and its destroy, if nothing
+ * used the lock, drops both. Any record sent that uses the lock sends the
+ * init first (life_use): the init and the destroy bump lock_epoch, so the
+ * lock's next acquisition by any thread is sent. */
+enum life_state {
+	LIFE_ENDED = 1,
+	LIFE_PENDING = 2,
+};
+
+struct life_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 addr;
+};
+
+struct life {
+	__u64 stack; /* the pending init's */
+	__u64 arg;
+	__u64 exec_epoch;
+	__u32 state;
+	__u16 op;
+	__u16 flags;
+};
+
+/* A full map sends every lifetime, as without it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct life_key);
+	__type(value, struct life);
+} lives SEC(".maps");
 
 /* A filter in front of lock_pages, one bit per hash of (process, page),
  * never cleared: most freed chunks share no page with any lock, and this
@@ -801,6 +843,29 @@ static __always_inline void event_send(struct event *e)
 		count_lost(REC_EVENT);
 }
 
+/* A record about to be sent (aggregate mode) uses the lock at addr (see
+ * lives): a kept init of it goes first, in the sending thread's name (no
+ * finding depends on which thread made an init), and the lifetime is live
+ * again. */
+static __always_inline void life_use(struct event *e, __u64 addr)
+{
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = addr};
+	struct life *l = bpf_map_lookup_elem(&lives, &k);
+	if (!l)
+		return;
+	if (l->state == LIFE_PENDING && l->exec_epoch == exec_epoch) {
+		struct event init;
+		event_init(&init, l->op, ((__u64)e->pid << 32) | e->tid);
+		init.time = e->time;
+		init.flags = l->flags;
+		init.addr = addr;
+		init.arg = l->arg;
+		init.stack = l->stack;
+		event_send(&init);
+	}
+	bpf_map_delete_elem(&lives, &k);
+}
+
 static __always_inline int is_mutex(__u32 op)
 {
 	return op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY;
@@ -978,26 +1043,51 @@ static __always_inline int is_unlock(__u32 op)
 	return op == OP_MUTEX_UNLOCK || op == OP_RWLOCK_UNLOCK || op == OP_SPIN_UNLOCK;
 }
 
-/* Whether the thread may hold lock: it is in the held array, or the array
- * overflowed and cannot say. At an address two entry points share, an
- * unlock and an init (glibc 2.36's pthread_spin_unlock and
- * pthread_spin_init both store 0 to the lock word), the call is told apart
- * by this: releasing a lock the thread does not hold is undefined, so such
- * a call is an init. A lock taken before tracing began (an attach) is not
- * in the array either, but its word still says held (spin_word_held):
- * that call is its release. Read as an init it would start a new
- * lifetime of a lock still in use, and a cycle between the two. */
-/* Whether the spinlock word at lock reads as held: glibc's
- * pthread_spin_lock stores exactly 1. Memory about to be initialised holds
- * 0, or whatever was there (a freed chunk's allocator pointers), hardly
- * ever 1. */
-static __always_inline int spin_word_held(__u64 lock)
+/* The entry to keep an init in instead of sending it (its stack is the
+ * caller's to fill), at an address whose last lifetime ended, or whose
+ * last init is still kept (see lives); NULL to send it. */
+static __always_inline struct life *life_keep(struct event *e)
 {
-	__u32 word = 0;
-	bpf_probe_read_user(&word, sizeof(word), (void *)lock);
-	return word == 1;
+	if (full_mode)
+		return 0;
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = e->addr};
+	struct life *l = bpf_map_lookup_elem(&lives, &k);
+	if (!l)
+		return 0;
+	l->arg = e->arg;
+	l->op = e->op;
+	l->flags = e->flags & F_BUSY;
+	l->exec_epoch = exec_epoch;
+	l->state = LIFE_PENDING;
+	return l;
 }
 
+/* A destroy (not a misuse): whether it ends a kept init's lifetime, which
+ * nothing used, so that neither is sent. */
+static __always_inline int life_unused(struct event *e)
+{
+	if (full_mode)
+		return 0;
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = e->addr};
+	struct life *l = bpf_map_lookup_elem(&lives, &k);
+	if (!l || l->state != LIFE_PENDING)
+		return 0;
+	l->state = LIFE_ENDED;
+	return 1;
+}
+
+/* A destroy was sent: the analysis ends the lock's lifetime. */
+static __always_inline void life_ended(struct event *e)
+{
+	if (full_mode)
+		return;
+	struct life_key k = {.pid = e->pid, .pad = 0, .addr = e->addr};
+	struct life v = {.state = LIFE_ENDED};
+	bpf_map_update_elem(&lives, &k, &v, BPF_ANY);
+}
+
+/* Whether the thread may hold lock: it is in the held array, or the array
+ * overflowed and cannot say. */
 static __always_inline int may_hold(struct thread_state *st, __u64 lock)
 {
 	if (st->held < 0 || (__u32)st->held > st->nheld)
@@ -1009,6 +1099,31 @@ static __always_inline int may_hold(struct thread_state *st, __u64 lock)
 			return 1;
 	}
 	return 0;
+}
+
+/* What a call at the address glibc 2.36's pthread_spin_unlock shares with
+ * pthread_spin_init (or any unlock sharing its code with an init) is: both
+ * store GLIBC_SPIN_UNLOCKED, and releasing a lock nobody holds is
+ * undefined, so the call is a release only when a thread holds the lock.
+ * When this thread's record says it may, it is. Otherwise it is an init,
+ * unless the word, read before the store, says held: 0 (pthread_spin_lock
+ * took it) or below (threads have tried it since). Memory about to become
+ * a lock says that too (zeroed memory; a reused chunk's allocator pointers
+ * are any value), so such an init is flagged F_BUSY, and the analysis
+ * takes it for a release when another thread holds the lock in its
+ * record. 1 is unlocked: memory of an earlier lock, reused. (A lock taken
+ * before an attach, unknown to both, gives nothing either way.) */
+static __always_inline __u32 alias_op(struct thread_state *st, __u64 lock, __u32 op, __u32 alias, __u16 *flags)
+{
+	if (may_hold(st, lock))
+		return op;
+	if (op != OP_SPIN_UNLOCK)
+		return alias;
+	__s32 word = GLIBC_SPIN_UNLOCKED;
+	bpf_probe_read_user(&word, sizeof(word), (void *)lock);
+	if (word <= 0)
+		*flags = F_BUSY;
+	return alias;
 }
 
 /* Whether this hit is the same call's probe firing again: glibc's
@@ -1094,9 +1209,9 @@ int uprobe_hook(struct pt_regs *ctx)
 	__u64 sp = PT_REGS_SP(ctx);
 	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
 	__u64 id = thread_ids(st);
-	if (is_unlock(op) && COOKIE_ALIAS(cookie) && !may_hold(st, PT_REGS_PARM1(ctx)) &&
-	    !spin_word_held(PT_REGS_PARM1(ctx)))
-		op = COOKIE_ALIAS(cookie);
+	__u16 alias_flags = 0;
+	if (is_unlock(op) && COOKIE_ALIAS(cookie))
+		op = alias_op(st, PT_REGS_PARM1(ctx), op, COOKIE_ALIAS(cookie), &alias_flags);
 	/* The high half means this only for lock probes. */
 	if (op >= OP_MUTEX_LOCK && op <= OP_SPIN_UNLOCK && COOKIE_REFIRES(cookie) &&
 	    refired(st, PT_REGS_PARM1(ctx), sp, ret_slot))
@@ -1284,6 +1399,8 @@ int uprobe_hook(struct pt_regs *ctx)
 			e->flags |= F_LOCKS_HELD;
 		e->flags |= F_ACQUIRED;
 		alloc_context(e, st, ret_slot);
+		if (!full_mode)
+			life_use(e, lock);
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
 		st->held++;
@@ -1309,18 +1426,34 @@ int uprobe_hook(struct pt_regs *ctx)
 		e->flags |= F_LOCKS_HELD;
 	/* Inits are sent with their stack: it names heap locks. */
 	if (op == OP_MUTEX_INIT || op == OP_RWLOCK_INIT || op == OP_SPIN_INIT) {
-		send_with_stack(ctx, e, ctx, ret_slot, st);
+		e->flags |= alias_flags;
+		/* As send_with_stack: an init is never inside an allocator call. */
+		struct life *kept = life_keep(e);
+		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : ctx);
+		if (kept)
+			kept->stack = e->stack;
+		else
+			event_send(e);
 		lock_page_add(id >> 32, lock);
 		return 0;
 	}
+	int destroy = op == OP_MUTEX_DESTROY || op == OP_RWLOCK_DESTROY || op == OP_SPIN_DESTROY;
+	/* A release (sent: its lock's acquisition was, or nobody held it) or
+	 * a misuse uses the lock. */
+	if (!full_mode && (misuse || !destroy))
+		life_use(e, lock);
 	if (misuse) {
-		if (op == OP_MUTEX_DESTROY || op == OP_RWLOCK_DESTROY)
+		if (destroy)
 			e->flags |= F_BUSY;
 		e->addr2 = holder;
 		send_with_stack(ctx, e, ctx, ret_slot, st);
 		return 0;
 	}
+	if (destroy && life_unused(e))
+		return 0;
 	event_send(e);
+	if (destroy)
+		life_ended(e);
 	return 0;
 }
 
@@ -1374,6 +1507,8 @@ int uretprobe_hook(struct pt_regs *ctx)
 	if (st->held > 1 || ((e->flags & F_ACQUIRED) == 0 && st->held > 0))
 		e->flags |= F_LOCKS_HELD;
 	alloc_context(e, st, sp);
+	if (!full_mode && (e->flags & F_ACQUIRED))
+		life_use(e, (op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT) ? e->addr2 : e->addr);
 	/* At the return the caller's frame is whole: no slot to put back. */
 	send_with_stack(ctx, e, ctx, 0, st);
 	if (e->flags & F_ACQUIRED) {
@@ -1684,6 +1819,7 @@ int sched_exec(struct bpf_raw_tracepoint_args *ctx)
 	}
 	__sync_fetch_and_add(&lock_epoch, 1);
 	__sync_fetch_and_add(&code_epoch, 1);
+	__sync_fetch_and_add(&exec_epoch, 1);
 	if (!tracing_on)
 		return 0;
 	count_call(OP_EXEC);

@@ -91,7 +91,9 @@ enum event_flag {
 	F_PROCESS = 1 << 3,
 	F_LOCKS_HELD = 1 << 4,
 	/* A mutex or rwlock destroy that found the lock held (its word says
-	 * so): addr2 is the holder's TID where the word names one. */
+	 * so): addr2 is the holder's TID where the word names one. On a
+	 * spinlock init seen at pthread_spin_unlock's address (alias_op): the
+	 * word said held (0 or below), or was memory not yet a lock. */
 	F_BUSY = 1 << 5,
 };
 
@@ -146,6 +148,10 @@ enum glibc_layout {
 	GLIBC_RWLOCK_WRLOCKED = 2,
 	GLIBC_RWLOCK_READER_SHIFT = 3,
 	GLIBC_RWLOCK_WRITER_OFFSET = 24, /* pthread_rwlock_t.__data.__cur_writer: the writer's TID */
+	/* pthread_spinlock_t: pthread_spin_init and pthread_spin_unlock (one
+	 * function) store 1, unlocked; pthread_spin_lock's `lock decl` takes
+	 * it to 0, and each thread that then tries it takes it lower. */
+	GLIBC_SPIN_UNLOCKED = 1,
 	GLIBC_MALLOC_ALIGNMENT = 16, /* what malloc aligns to: memalign asks it for less */
 };
 

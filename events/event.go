@@ -239,7 +239,12 @@ const (
 	FlagLocksHeld
 	// FlagBusy: a mutex or rwlock destroy found the lock held, as its word
 	// says; Addr2 is the holder's TID where the word names one (a mutex's
-	// owner, a rwlock's writer).
+	// owner, a rwlock's writer). On OpSpinInit: the eBPF recorder saw the
+	// call at the address pthread_spin_init shares with
+	// pthread_spin_unlock (glibc 2.36), the caller not holding the lock,
+	// and its word saying held (0 or below): by another thread, or memory
+	// not yet a lock (zeroed, a reused chunk). The analysis takes it for
+	// a release when another thread holds the lock.
 	FlagBusy
 )
 

@@ -22,7 +22,13 @@
  *                  the page above the heap's end; the mapping unmapped, and
  *                  the heap grown over that page; then as zeroed, with a
  *                  and b in chunks on that page: no cycle, which only the
- *                  frees tell. */
+ *                  frees tell.
+ *   handoff:       a mutex made and destroyed at one heap address a few
+ *                  times, unused; made there again and handed to a running
+ *                  thread with no lock call between, which takes it and
+ *                  then order_y; main takes order_y and then it: a cycle
+ *                  between the mutex, named by where it was made, and
+ *                  order_y. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -221,6 +227,53 @@ static int reheaped(void)
 	return 0;
 }
 
+static pthread_mutex_t order_y = PTHREAD_MUTEX_INITIALIZER;
+static void *shared_mutex;
+static int handed, taken;
+
+__attribute__((noinline)) static void make_shared(void *m)
+{
+	pthread_mutex_init(m, NULL);
+}
+
+static void *take_handed(void *arg)
+{
+	while (!__atomic_load_n(&handed, __ATOMIC_ACQUIRE))
+		;
+	mutex_lock(shared_mutex);
+	mutex_lock(&order_y);
+	shared++;
+	mutex_unlock(&order_y);
+	mutex_unlock(shared_mutex);
+	__atomic_store_n(&taken, 1, __ATOMIC_RELEASE);
+	return arg;
+}
+
+static int handoff(void)
+{
+	shared_mutex = malloc(64);
+	pthread_t t;
+	if (pthread_create(&t, NULL, take_handed, NULL))
+		return 1;
+	for (int i = 0; i < 4; i++) {
+		make_shared(shared_mutex);
+		pthread_mutex_destroy(shared_mutex);
+	}
+	make_shared(shared_mutex);
+	__atomic_store_n(&handed, 1, __ATOMIC_RELEASE);
+	while (!__atomic_load_n(&taken, __ATOMIC_ACQUIRE))
+		;
+	mutex_lock(&order_y);
+	mutex_lock(shared_mutex);
+	shared++;
+	mutex_unlock(shared_mutex);
+	mutex_unlock(&order_y);
+	pthread_join(t, NULL);
+	pthread_mutex_destroy(shared_mutex);
+	free(shared_mutex);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "";
@@ -240,6 +293,8 @@ int main(int argc, char **argv)
 		return unmapped();
 	if (!strcmp(mode, "reheaped"))
 		return reheaped();
-	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex|unmapped|reheaped\n");
+	if (!strcmp(mode, "handoff"))
+		return handoff();
+	fprintf(stderr, "usage: lifetimes spin|spin-same|rwlock|rwlock-same|zeroed|zeroed-same|spininit|writer|reader|remutex|unmapped|reheaped|handoff\n");
 	return 2;
 }

@@ -76,6 +76,7 @@ const (
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRLOCKED        hooktraceGlibcLayout = 2
 	hooktraceGlibcLayoutGLIBC_RWLOCK_READER_SHIFT    hooktraceGlibcLayout = 3
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRITER_OFFSET   hooktraceGlibcLayout = 24
+	hooktraceGlibcLayoutGLIBC_SPIN_UNLOCKED          hooktraceGlibcLayout = 1
 	hooktraceGlibcLayoutGLIBC_MALLOC_ALIGNMENT       hooktraceGlibcLayout = 16
 )
 
@@ -92,6 +93,23 @@ type hooktraceInheritedLocks struct {
 		Op    uint16
 		Sent  uint16
 	}
+}
+
+type hooktraceLife struct {
+	_         structs.HostLayout
+	Stack     uint64
+	Arg       uint64
+	ExecEpoch uint64
+	State     uint32
+	Op        uint16
+	Flags     uint16
+}
+
+type hooktraceLifeKey struct {
+	_    structs.HostLayout
+	Pid  uint32
+	Pad  uint32
+	Addr uint64
 }
 
 type hooktraceLimits uint32
@@ -319,6 +337,7 @@ type hooktraceMapSpecs struct {
 	Calls          *ebpf.MapSpec `ebpf:"calls"`
 	InheritBuf     *ebpf.MapSpec `ebpf:"inherit_buf"`
 	Inherited      *ebpf.MapSpec `ebpf:"inherited"`
+	Lives          *ebpf.MapSpec `ebpf:"lives"`
 	LockPages      *ebpf.MapSpec `ebpf:"lock_pages"`
 	Lost           *ebpf.MapSpec `ebpf:"lost"`
 	NoPrivateStack *ebpf.MapSpec `ebpf:"no_private_stack"`
@@ -339,6 +358,7 @@ type hooktraceMapSpecs struct {
 type hooktraceVariableSpecs struct {
 	CodeEpoch            *ebpf.VariableSpec `ebpf:"code_epoch"`
 	DirectMap            *ebpf.VariableSpec `ebpf:"direct_map"`
+	ExecEpoch            *ebpf.VariableSpec `ebpf:"exec_epoch"`
 	FollowForks          *ebpf.VariableSpec `ebpf:"follow_forks"`
 	FullMode             *ebpf.VariableSpec `ebpf:"full_mode"`
 	LockEpoch            *ebpf.VariableSpec `ebpf:"lock_epoch"`
@@ -387,6 +407,7 @@ type hooktraceMaps struct {
 	Calls          *ebpf.Map `ebpf:"calls"`
 	InheritBuf     *ebpf.Map `ebpf:"inherit_buf"`
 	Inherited      *ebpf.Map `ebpf:"inherited"`
+	Lives          *ebpf.Map `ebpf:"lives"`
 	LockPages      *ebpf.Map `ebpf:"lock_pages"`
 	Lost           *ebpf.Map `ebpf:"lost"`
 	NoPrivateStack *ebpf.Map `ebpf:"no_private_stack"`
@@ -407,6 +428,7 @@ func (m *hooktraceMaps) Close() error {
 		m.Calls,
 		m.InheritBuf,
 		m.Inherited,
+		m.Lives,
 		m.LockPages,
 		m.Lost,
 		m.NoPrivateStack,
@@ -428,6 +450,7 @@ func (m *hooktraceMaps) Close() error {
 type hooktraceVariables struct {
 	CodeEpoch            *ebpf.Variable `ebpf:"code_epoch"`
 	DirectMap            *ebpf.Variable `ebpf:"direct_map"`
+	ExecEpoch            *ebpf.Variable `ebpf:"exec_epoch"`
 	FollowForks          *ebpf.Variable `ebpf:"follow_forks"`
 	FullMode             *ebpf.Variable `ebpf:"full_mode"`
 	LockEpoch            *ebpf.Variable `ebpf:"lock_epoch"`

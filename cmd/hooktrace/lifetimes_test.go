@@ -3,6 +3,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -132,6 +133,29 @@ func TestLockOnPageTheHeapTookOver(t *testing.T) {
 		}
 		if r.rep.Stats.Calls["munmap"] == 0 {
 			t.Errorf("%s: the program's munmap was not seen: %v", r, r.rep.Stats.Calls)
+		}
+	}
+}
+
+// TestKeptInitUsedByAnotherThread: in aggregate mode the eBPF recorder
+// keeps an init back at an address whose last lifetime ended, until
+// something uses the lock. A mutex made and destroyed unused at one heap
+// address, then made there again and taken by another thread, which made
+// no call since it was made: the init goes first, so every way of
+// recording finds the one cycle with the mutex named by where it was made.
+func TestKeptInitUsedByAnotherThread(t *testing.T) {
+	testenv.RequireBPF(t)
+	runs, _ := traceLifetimes(t, testenv.Program(t, "lifetimes"), "handoff")
+	for _, r := range runs {
+		cs := ofKind(r.fs, "lock-order-cycle", "error")
+		// make_shared's call is a tail call: the init's caller is handoff.
+		if len(cs) != 1 || len(r.fs) != 1 || len(cs[0].Locks) != 2 || !slices.ContainsFunc(cs[0].Locks, func(l string) bool {
+			return strings.HasPrefix(l, "mutex initialised at handoff+") && strings.HasSuffix(l, " (lifetimes)")
+		}) || !slices.Contains(cs[0].Locks, "order_y (lifetimes)") {
+			t.Errorf("%s: want one cycle between the made mutex and order_y, got%s %v", r, verdicts(r.fs), cs)
+		}
+		if c := r.rep.Stats.Calls; c["pthread_mutex_init"] != 5 || c["pthread_mutex_destroy"] != 5 {
+			t.Errorf("%s: calls %v, want 5 inits and 5 destroys", r, c)
 		}
 	}
 }
