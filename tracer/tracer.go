@@ -63,7 +63,7 @@ type Tracer struct {
 	ringRecords, ringBytes atomic.Uint64
 	stopped                bool           // Run is stopping: tracing stays off
 	nowRec                 ringbuf.Record // ReadNow's buffer
-	noDirectMap            bool           // stacks are read with bpf_probe_read_user from the start
+	noDirectMap            string         // why stacks are read with bpf_probe_read_user from the start
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
@@ -102,22 +102,20 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
 		return nil, err
 	}
-	mask := physAddressMask("/proc/cpuinfo")
+	mask, why := directMapMask()
 	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
 	}
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
 	}
-	t := &Tracer{opts: opts, noDirectMap: mask == 0}
-	if t.noDirectMap {
+	t := &Tracer{opts: opts, noDirectMap: why}
+	// sys_enter alone (auto's part) reads no allocator caller's stack.
+	if t.noDirectMap != "" && !opts.SyscallsOnly {
 		t.warnSlowStacks()
 	}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
-		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
-		}
-		return nil, fmt.Errorf("loading the BPF programs: %w", err)
+		return nil, fmt.Errorf("loading the BPF programs: %w", classifyLoad(err))
 	}
 	for _, tp := range []struct {
 		name string
@@ -398,7 +396,7 @@ func (t *Tracer) Stop() {
 	t.mu.Unlock()
 	t.closeLinks()
 	// Said at New when it was so from the start.
-	if !already && !t.noDirectMap {
+	if !already && t.noDirectMap == "" && !t.opts.SyscallsOnly {
 		t.warnSlowStacks()
 	}
 }
