@@ -743,6 +743,12 @@ __attribute__((noinline)) __u64 take_sample(struct thread_state *st, struct samp
 	__u64 len = SAMPLE_BYTES;
 	if (until > sp && until - sp + 2048 < SAMPLE_BYTES)
 		len = until - sp + 2048;
+	/* clang sees that the test above already bounds len and drops the
+	 * mask and the test below; the verifiers of 6.1 and 6.12 cannot
+	 * follow that bound to the copy of len it made before the test, and
+	 * rejected the program ("R2 min value is negative"). Hide len from
+	 * clang so that both stay. */
+	barrier_var(len);
 	len &= SAMPLE_BYTES - 1;
 	if (len < 64)
 		len = SAMPLE_BYTES - 8;
