@@ -53,8 +53,8 @@ func physAddressMask(cpuinfo string) uint64 {
 
 // directMapMask is the tracer's phys_addr_mask for this machine, or 0
 // and why the probes must read stacks with bpf_probe_read_user.
-func directMapMask() (uint64, string) {
-	if !haveKfunc("bpf_rdonly_cast") {
+func directMapMask(rdonlyCast bool) (uint64, string) {
+	if !rdonlyCast {
 		return 0, "no bpf_rdonly_cast kfunc: Linux 6.2 added it"
 	}
 	if mask := physAddressMask("/proc/cpuinfo"); mask != 0 {

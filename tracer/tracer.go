@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -102,7 +104,13 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
 		return nil, err
 	}
-	mask, why := directMapMask()
+	// The stack scans as bpf_loop callbacks (5.17 and later): 6.1's
+	// verifier ran out of instructions on them as loops, and 6.18's
+	// verifies uprobe_hook in half the instructions so.
+	if err := set("scan_with_loop", b2u(features.HaveProgramHelper(ebpf.Kprobe, asm.FnLoop) == nil)); err != nil {
+		return nil, err
+	}
+	mask, why := directMapMask(haveKfunc("bpf_rdonly_cast"))
 	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
 	}
