@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/hooktrace/hooktrace/events"
@@ -206,19 +208,19 @@ func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, plac
 // uprobe_multi (before 6.6), one perf-event uprobe per site, whose cookie
 // the kernel passes too (5.15 and later). On error no link is left open.
 func attachUprobes(ex *link.Executable, prog *ebpf.Program, ret bool, pid int, addrs, cookies []uint64) ([]link.Link, error) {
-	opts := &link.UprobeMultiOptions{Addresses: addrs, Cookies: cookies, PID: uint32(pid)}
 	var l link.Link
 	var err error
-	if ret {
-		l, err = ex.UretprobeMulti(nil, prog, opts)
-	} else {
-		l, err = ex.UprobeMulti(nil, prog, opts)
-	}
-	if err == nil {
+	if haveUprobeMulti() {
+		opts := &link.UprobeMultiOptions{Addresses: addrs, Cookies: cookies, PID: uint32(pid)}
+		if ret {
+			l, err = ex.UretprobeMulti(nil, prog, opts)
+		} else {
+			l, err = ex.UprobeMulti(nil, prog, opts)
+		}
+		if err != nil {
+			return nil, err
+		}
 		return []link.Link{l}, nil
-	}
-	if !errors.Is(err, ebpf.ErrNotSupported) {
-		return nil, err
 	}
 	links := make([]link.Link, 0, len(addrs))
 	for i, addr := range addrs {
@@ -241,3 +243,23 @@ func attachUprobes(ex *link.Executable, prog *ebpf.Program, ret bool, pid int, a
 	}
 	return links, nil
 }
+
+// haveUprobeMulti says whether the kernel has uprobe_multi links: whether
+// its own BTF lists the attach type. cilium/ebpf's probe for them is not
+// consulted when the kernel answers EINVAL, which 6.1 does.
+var haveUprobeMulti = sync.OnceValue(func() bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var types *btf.Enum
+	if spec.TypeByName("bpf_attach_type", &types) != nil {
+		return false
+	}
+	for _, v := range types.Values {
+		if v.Name == "BPF_TRACE_UPROBE_MULTI" {
+			return true
+		}
+	}
+	return false
+})
