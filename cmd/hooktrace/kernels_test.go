@@ -22,15 +22,18 @@ import (
 //
 // The kernel matrix (make test-kernels) runs this inside its VMs a second
 // time under lockdown=confidentiality, which withdraws
-// bpf_probe_read_kernel from the probes; it sets
-// HOOKTRACE_EXPECT_NO_EBPF there, so that a kernel loading them anyway fails.
+// bpf_probe_read_kernel from the probes. It sets HOOKTRACE_EXPECT_EBPF to
+// "loads" before and "fails" after, so that each branch is the one tested.
 func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 	testenv.RequireBPF(t)
 	inversion := testenv.Program(t, "inversion")
 	report, _, stderr, code := runJSON(t, "--recorder", "ebpf", "--", inversion)
 	loads := code != exitFailure || !strings.Contains(stderr, "this kernel cannot run the eBPF recorder")
-	if loads && os.Getenv("HOOKTRACE_EXPECT_NO_EBPF") != "" {
+	switch expect := os.Getenv("HOOKTRACE_EXPECT_EBPF"); {
+	case expect == "fails" && loads:
 		t.Fatalf("--recorder ebpf: exit %d, want %d saying the kernel cannot run it:\n%s", code, exitFailure, stderr)
+	case expect == "loads" && !loads:
+		t.Fatalf("--recorder ebpf: the probes do not load on this kernel:\n%s", stderr)
 	}
 	if loads {
 		if code != exitFindings || len(ofKind(findings(t, report), "lock-order-cycle", "error")) != 1 {

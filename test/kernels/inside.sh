@@ -24,7 +24,7 @@ check() {
 # The eBPF recorder: an inversion (and auto, with the syscall tracepoint),
 # and the registration cache's seed case, the legacy cache's cycle through
 # vma_lock and glibc's arena lock.
-check ebpf-inversion -test.run '^TestAutoWhereEBPFCannotLoad$'
+HOOKTRACE_EXPECT_EBPF=loads check ebpf-inversion -test.run '^TestAutoWhereEBPFCannotLoad$'
 check ebpf-rcache -test.run '^TestDemo$/^ebpf$'
 # attach: to a running program (the probes placed in a live process), and
 # to a deadlocked one (found by its threads' samples, eBPF loaded or not).
@@ -36,7 +36,7 @@ check attach-deadlocked -test.run '^TestAttachHungProcess$/^abba$'
 # Lockdown cannot be lifted: this comes last.
 mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
 if echo confidentiality >/sys/kernel/security/lockdown; then
-	HOOKTRACE_EXPECT_NO_EBPF=1 check auto-fallback -test.run '^TestAutoWhereEBPFCannotLoad$' -test.v
+	HOOKTRACE_EXPECT_EBPF=fails check auto-fallback -test.run '^TestAutoWhereEBPFCannotLoad$' -test.v
 else
 	echo "--- FAIL auto-fallback: cannot lock the kernel down"
 	failed="$failed auto-fallback"
