@@ -123,7 +123,11 @@ func New(opts source.Options) (*Tracer, error) {
 		t.warnSlowStacks()
 	}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
-		return nil, fmt.Errorf("loading the BPF programs: %w", classifyLoad(err))
+		err = classifyLoad(err)
+		if errors.Is(err, ErrPermission) {
+			return nil, err // it says what it is about
+		}
+		return nil, fmt.Errorf("loading the BPF programs: %w", err)
 	}
 	for _, tp := range []struct {
 		name string
