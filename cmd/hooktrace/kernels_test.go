@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,5 +68,15 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 	}
 	if h.Recorder != "preload" || h.NoEBPF == "" || !strings.Contains(stderr, h.NoEBPF) {
 		t.Errorf("auto: header recorder %q, no_ebpf %q: want preload, and what stderr named as missing:\n%s", h.Recorder, h.NoEBPF, stderr)
+	}
+	var rep struct {
+		Stats struct {
+			Traces []struct {
+				NoEBPF string `json:"no_ebpf"`
+			} `json:"traces"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(report), &rep); err != nil || len(rep.Stats.Traces) != 1 || rep.Stats.Traces[0].NoEBPF != h.NoEBPF {
+		t.Errorf("auto: the report's trace does not say what the header does (%q): %+v %v", h.NoEBPF, rep.Stats.Traces, err)
 	}
 }
