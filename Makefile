@@ -5,7 +5,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build generate check-generated test lint bench fuzz clean demo realworld
+.PHONY: all build generate check-generated test test-kernels lint bench fuzz clean demo realworld
 
 all: build
 
@@ -39,6 +39,13 @@ lint:
 # root; with CI set they fail instead of skipping when eBPF is unavailable.
 test: lint
 	$(GO) test -race -count=1 -timeout 45m ./...
+
+# The eBPF recorder under other kernels: Debian 12's 6.1 and 6.12, each
+# booted once in QEMU (test/kernels/run.sh; KERNELS picks others). Needs
+# root and qemu-system-x86; the kernels are cached outside the repository.
+KERNELS ?= 6.1 6.12
+test-kernels:
+	test/kernels/run.sh $(KERNELS)
 
 # Overhead of tracing a workload that allocates under locks: untraced,
 # hooktrace's recorders and modes, the eBPF floor, TSan and Helgrind,

@@ -49,6 +49,8 @@ type TraceStats struct {
 	Command   []string `json:"command,omitempty"`
 	Allocator string   `json:"allocator"`
 	Recorder  string   `json:"recorder,omitempty"` // "ebpf" or "preload"; empty in older traces
+	// NoEBPF: why the eBPF half could not record (see events.Header).
+	NoEBPF string `json:"no_ebpf,omitempty"`
 	// ProbeTime is the BPF programs' own time, when the kernel counted it
 	// (see events.Footer).
 	ProbeTime map[string]events.ProgramTime `json:"probe_time,omitempty"`
@@ -138,6 +140,7 @@ func (s *stream) stats() TraceStats {
 		ts.PID = h.PID
 		ts.Command = h.Command
 		ts.Recorder = h.Recorder
+		ts.NoEBPF = h.NoEBPF
 	}
 	var why []string
 	if f := s.footer; f != nil {

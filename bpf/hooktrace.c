@@ -19,6 +19,12 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile __u32 full_mode = 0;   /* emit every call, not only what the analysis needs */
 const volatile __u32 follow_forks = 0;
 const volatile __u32 want_samples = 1; /* raw stack samples inside allocator calls */
+/* Scan stack slots in bpf_loop callbacks (5.17+), verified once, instead
+ * of bounded loops: 6.1's verifier walks each of a loop's 512 iterations
+ * apart on every path and ran uprobe_hook past its million instructions;
+ * 6.18's verifies uprobe_hook in half the instructions so. The loops stay
+ * for kernels without bpf_loop. */
+const volatile __u32 scan_with_loop = 0;
 
 /* Set by the tracer once every probe is attached, cleared before any is
  * detached: probes attached one by one would otherwise see, say, a lock
@@ -492,6 +498,36 @@ struct {
 	__type(value, __u32);
 } no_private_stack SEC(".maps");
 
+/* One scan of scratch_map's slots, for scan_with_loop: len bytes were
+ * read; slots holding a value in [lo, hi) are folded into h. */
+struct slot_scan {
+	__u64 len;
+	__u64 lo;
+	__u64 hi;
+	__u64 h;
+	__u32 found;
+	__u32 first; /* stop at the first such slot */
+};
+
+static long slot_scan_step(__u32 i, void *ctx)
+{
+	struct slot_scan *c = ctx;
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	if (!s || i >= SCAN_SLOTS || i * 8 >= c->len)
+		return 1;
+	/* The mask, not the test (which clang checks on a copy of i), bounds
+	 * the index for the verifier; barrier_var keeps clang from dropping it. */
+	barrier_var(i);
+	__u64 v = s->slots[i & (SCAN_SLOTS - 1)];
+	if (v >= c->lo && v < c->hi) {
+		c->found = 1;
+		c->h = (c->h ^ v ^ ((__u64)i << 48)) * 0x100000001b3ULL;
+		return c->first ? 1 : 0;
+	}
+	return 0;
+}
+
 /* Whether a return address into the allocator lies on the live stack
  * between sp and top. */
 static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
@@ -509,6 +545,11 @@ static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
 	len &= ~7ULL;
 	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
 		return 1;
+	if (scan_with_loop) {
+		struct slot_scan c = {.len = len, .lo = r->lo, .hi = r->hi, .first = 1};
+		bpf_loop(SCAN_SLOTS, slot_scan_step, &c, 0);
+		return c.found;
+	}
 	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
 		if (i * 8 >= len)
 			break;
@@ -734,6 +775,12 @@ static __always_inline __u64 sample_key(struct thread_state *st, __u32 pid, __u3
 	len &= ~7ULL;
 	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
 		return 0;
+	if (scan_with_loop) {
+		struct slot_scan c = {.len = len, .lo = r->lo, .hi = r->hi, .h = h};
+		bpf_loop(SCAN_SLOTS, slot_scan_step, &c, 0);
+		h = c.h;
+		return h ? h : 1;
+	}
 	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
 		if (i * 8 >= len)
 			break;
@@ -785,6 +832,12 @@ __attribute__((noinline)) __u64 take_sample(struct thread_state *st, struct samp
 	__u64 len = SAMPLE_BYTES;
 	if (until > sp && until - sp + 2048 < SAMPLE_BYTES)
 		len = until - sp + 2048;
+	/* clang sees that the test above already bounds len and drops the
+	 * mask and the test below; the verifiers of 6.1 and 6.12 cannot
+	 * follow that bound to the copy of len it made before the test, and
+	 * rejected the program ("R2 min value is negative"). Hide len from
+	 * clang so that both stay. */
+	barrier_var(len);
 	len &= SAMPLE_BYTES - 1;
 	if (len < 64)
 		len = SAMPLE_BYTES - 8;

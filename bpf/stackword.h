@@ -29,8 +29,8 @@
  *
  * Anything unexpected falls back to bpf_probe_read_user, as before: an
  * entry that is not present or changed, a word that is not 8-aligned, a
- * machine with 5-level paging (the tracer then passes no address mask), no
- * candidate that fits. A thread's first page walk, and one walk in 64
+ * machine with 5-level paging or a kernel without bpf_rdonly_cast (before
+ * 6.2; the tracer then passes no address mask), no candidate that fits. A thread's first page walk, and one walk in 64
  * after, also read the word with bpf_probe_read_user and compare; one
  * disagreement turns the direct path off for every thread. A walk is
  * otherwise four loads, so a thread that moves between stacks (user-level
@@ -38,10 +38,14 @@
 #ifndef STACKWORD_H
 #define STACKWORD_H
 
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+/* Weak: kernels before 6.2 lack it, and the loader then leaves the call
+ * unresolved. The tracer passes phys_addr_mask = 0 there, which makes every
+ * call to it dead code the verifier drops. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
 
 /* Set by the tracer before load: the bits of a page-table entry that hold
- * a physical address; 0 keeps every read on bpf_probe_read_user. */
+ * a physical address; 0 keeps every read on bpf_probe_read_user (and no
+ * bpf_rdonly_cast call reachable). */
 const volatile __u64 phys_addr_mask = 0;
 
 #define DIRECT_MAP_UNKNOWN 0
@@ -190,6 +194,8 @@ static __noinline int stack_page_walk(struct stack_page *sp, __u64 va)
 static __always_inline __u64 stack_word(struct stack_page *sp, __u64 va)
 {
 	__u64 v;
+	if (!phys_addr_mask)
+		goto user;
 	if (!sp->entry_at || (va & sp->vmask) != sp->vbase || (va & 7) || !stack_entry_holds(sp)) {
 		if (stack_page_walk(sp, va))
 			goto user;

@@ -403,6 +403,10 @@ type Header struct {
 	// deadlock found before the probes were placed).
 	Recorder   string `json:"recorder,omitempty"`
 	Unrecorded string `json:"unrecorded,omitempty"`
+	// NoEBPF is why the eBPF half did not record with --recorder auto:
+	// what the kernel lacks or its verifier refused (the preload recorder
+	// then recorded alone, without the kernel's syscall tracepoint).
+	NoEBPF string `json:"no_ebpf,omitempty"`
 }
 
 // Footer closes a trace file. A file without one was cut short.

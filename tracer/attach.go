@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/hooktrace/hooktrace/events"
@@ -112,18 +114,16 @@ func attachPlan(pid int, plan []source.Site, prog, retProg *ebpf.Program, alloc 
 			warn(fmt.Sprintf("opening %s: %v", b.object, err))
 			continue
 		}
-		opts := &link.UprobeMultiOptions{Addresses: b.addrs, Cookies: b.cookies, PID: uint32(pid)}
-		var l link.Link
+		p := prog
 		if b.ret {
-			l, err = ex.UretprobeMulti(nil, retProg, opts)
-		} else {
-			l, err = ex.UprobeMulti(nil, prog, opts)
+			p = retProg
 		}
+		ls, err := attachUprobes(ex, p, b.ret, pid, b.addrs, b.cookies)
 		if err != nil {
 			warn(fmt.Sprintf("attaching %d probes in %s: %v", len(b.addrs), b.object, err))
 			continue
 		}
-		links = append(links, l)
+		links = append(links, ls...)
 		sites = append(sites, b.sites...)
 	}
 	return links, sites
@@ -186,13 +186,13 @@ func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, plac
 			continue
 		}
 		// The entries first: dlopen's counts its return probe as pending.
-		l, err := ex.UprobeMulti(nil, objs.UprobeLoader, &link.UprobeMultiOptions{Addresses: entries, Cookies: cookies, PID: uint32(pid)})
+		ls, err := attachUprobes(ex, objs.UprobeLoader, false, pid, entries, cookies)
 		if err == nil {
-			links = append(links, l)
+			links = append(links, ls...)
 			if len(returns) > 0 {
-				l, err = ex.UretprobeMulti(nil, objs.UretprobeDlopen, &link.UprobeMultiOptions{Addresses: returns, PID: uint32(pid)})
+				ls, err = attachUprobes(ex, objs.UretprobeDlopen, true, pid, returns, nil)
 				if err == nil {
-					links = append(links, l)
+					links = append(links, ls...)
 				}
 			}
 		}
@@ -202,3 +202,64 @@ func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, plac
 	}
 	return links
 }
+
+// attachUprobes places prog at the file offsets addrs of ex for pid, each
+// with its cookie (none: 0): one uprobe_multi link, or, on kernels without
+// uprobe_multi (before 6.6), one perf-event uprobe per site, whose cookie
+// the kernel passes too (5.15 and later). On error no link is left open.
+func attachUprobes(ex *link.Executable, prog *ebpf.Program, ret bool, pid int, addrs, cookies []uint64) ([]link.Link, error) {
+	var l link.Link
+	var err error
+	if haveUprobeMulti() {
+		opts := &link.UprobeMultiOptions{Addresses: addrs, Cookies: cookies, PID: uint32(pid)}
+		if ret {
+			l, err = ex.UretprobeMulti(nil, prog, opts)
+		} else {
+			l, err = ex.UprobeMulti(nil, prog, opts)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return []link.Link{l}, nil
+	}
+	links := make([]link.Link, 0, len(addrs))
+	for i, addr := range addrs {
+		o := &link.UprobeOptions{Address: addr, PID: pid}
+		if i < len(cookies) {
+			o.Cookie = cookies[i]
+		}
+		if ret {
+			l, err = ex.Uretprobe("", prog, o)
+		} else {
+			l, err = ex.Uprobe("", prog, o)
+		}
+		if err != nil {
+			for _, l := range links {
+				l.Close()
+			}
+			return nil, fmt.Errorf("uprobe at offset %#x (no uprobe_multi links on this kernel): %w", addr, err)
+		}
+		links = append(links, l)
+	}
+	return links, nil
+}
+
+// haveUprobeMulti says whether the kernel has uprobe_multi links: whether
+// its own BTF lists the attach type. cilium/ebpf's probe for them is not
+// consulted when the kernel answers EINVAL, which 6.1 does.
+var haveUprobeMulti = sync.OnceValue(func() bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var types *btf.Enum
+	if spec.TypeByName("bpf_attach_type", &types) != nil {
+		return false
+	}
+	for _, v := range types.Values {
+		if v.Name == "BPF_TRACE_UPROBE_MULTI" {
+			return true
+		}
+	}
+	return false
+})

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/cilium/ebpf/btf"
 )
 
 // physAddressMask is what the probes need to read the target's stack
@@ -49,6 +51,29 @@ func physAddressMask(cpuinfo string) uint64 {
 	return (uint64(1)<<bits - 1) &^ 0xfff
 }
 
+// directMapMask is the tracer's phys_addr_mask for this machine, or 0
+// and why the probes must read stacks with bpf_probe_read_user.
+func directMapMask(rdonlyCast bool) (uint64, string) {
+	if !rdonlyCast {
+		return 0, "no bpf_rdonly_cast kfunc: Linux 6.2 added it"
+	}
+	if mask := physAddressMask("/proc/cpuinfo"); mask != 0 {
+		return mask, ""
+	}
+	return 0, "5-level paging, or no physical address width in /proc/cpuinfo"
+}
+
+// haveKfunc says whether the running kernel's BTF has the kfunc name
+// (a weak __ksym in bpf/ that the loader leaves unresolved when it does not).
+func haveKfunc(name string) bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var fn *btf.Func
+	return spec.TypeByName(name, &fn) == nil
+}
+
 // StackReads is how the probes read the traced threads' stacks.
 type StackReads struct {
 	// DirectMap: through the kernel's direct map; else every read is a
@@ -69,8 +94,8 @@ type StackReads struct {
 // footer: "direct map", "bpf_probe_read_user (why)", or "" when no
 // allocator call has read one yet.
 func (t *Tracer) StackReadMethod() string {
-	if t.noDirectMap {
-		return "bpf_probe_read_user (5-level paging, or no physical address width in /proc/cpuinfo)"
+	if t.noDirectMap != "" {
+		return "bpf_probe_read_user (" + t.noDirectMap + ")"
 	}
 	switch r := t.StackReads(); {
 	case r.DirectMap:

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -63,7 +65,7 @@ type Tracer struct {
 	ringRecords, ringBytes atomic.Uint64
 	stopped                bool           // Run is stopping: tracing stays off
 	nowRec                 ringbuf.Record // ReadNow's buffer
-	noDirectMap            bool           // stacks are read with bpf_probe_read_user from the start
+	noDirectMap            string         // why stacks are read with bpf_probe_read_user from the start
 }
 
 // Allocator names the allocator the target uses ("glibc", "jemalloc"...),
@@ -102,20 +104,28 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
 		return nil, err
 	}
-	mask := physAddressMask("/proc/cpuinfo")
+	// The stack scans as bpf_loop callbacks (5.17 and later): 6.1's
+	// verifier ran out of instructions on them as loops, and 6.18's
+	// verifies uprobe_hook in half the instructions so.
+	if err := set("scan_with_loop", b2u(features.HaveProgramHelper(ebpf.Kprobe, asm.FnLoop) == nil)); err != nil {
+		return nil, err
+	}
+	mask, why := directMapMask(haveKfunc("bpf_rdonly_cast"))
 	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
 	}
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
 	}
-	t := &Tracer{opts: opts, noDirectMap: mask == 0}
-	if t.noDirectMap {
+	t := &Tracer{opts: opts, noDirectMap: why}
+	// sys_enter alone (auto's part) reads no allocator caller's stack.
+	if t.noDirectMap != "" && !opts.SyscallsOnly {
 		t.warnSlowStacks()
 	}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
-		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
+		err = classifyLoad(err)
+		if errors.Is(err, ErrPermission) {
+			return nil, err // it says what it is about
 		}
 		return nil, fmt.Errorf("loading the BPF programs: %w", err)
 	}
@@ -398,7 +408,7 @@ func (t *Tracer) Stop() {
 	t.mu.Unlock()
 	t.closeLinks()
 	// Said at New when it was so from the start.
-	if !already && !t.noDirectMap {
+	if !already && t.noDirectMap == "" && !t.opts.SyscallsOnly {
 		t.warnSlowStacks()
 	}
 }

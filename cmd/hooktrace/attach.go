@@ -64,7 +64,7 @@ type attachment struct {
 	// to read it); nil when it watches, or --hang-timeout is 0.
 	hangOff error
 	// unpermitted is why no probes could be placed, when hang detection
-	// watches alone for want of privilege.
+	// watches alone for want of privilege or of a kernel that runs them.
 	unpermitted error
 }
 
@@ -137,8 +137,12 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 		return err
 	}
 	// Watched for deadlocks only, and none was found: what was asked for,
-	// tracing, was not permitted.
-	return &exitError{code: exitPermission, err: fmt.Errorf("no calls traced in pid %d: %w; hang detection found no deadlock",
+	// tracing, was not permitted, or this kernel cannot run it.
+	code := exitPermission
+	if errors.Is(a.unpermitted, tracer.ErrKernel) {
+		code = exitFailure
+	}
+	return &exitError{code: code, err: fmt.Errorf("no calls traced in pid %d: %w; hang detection found no deadlock",
 		pid, a.unpermitted)}
 }
 
@@ -225,13 +229,14 @@ func (a *attachment) record(p placing) (*sess.Reading, error) {
 		s.tr = nil
 		p.err = err
 	}
+	noProbes := errors.Is(p.err, tracer.ErrPermission) || errors.Is(p.err, tracer.ErrKernel)
 	switch {
-	case errors.Is(p.err, tracer.ErrPermission) && a.hang != nil:
+	case noProbes && a.hang != nil:
 		a.unpermitted = p.err
 		fmt.Fprintf(os.Stderr, "hooktrace: pid %d: no probes placed: %v\n", a.pid, p.err)
 		fmt.Fprintf(os.Stderr, "hooktrace: pid %d: watching for deadlocks only (hang detection reads /proc and the process's memory, as a debugger does)\n", a.pid)
 		return nil, s.startUnrecorded(p.err.Error())
-	case errors.Is(p.err, tracer.ErrPermission) && a.hangOff != nil:
+	case noProbes && a.hangOff != nil:
 		return nil, fmt.Errorf("%w; and hang detection cannot watch it either: %v", p.err, a.hangOff)
 	case a.gone():
 		return nil, a.exitedWhileAttaching()

@@ -38,12 +38,19 @@ func TestMain(m *testing.M) {
 	// the gate would run libc (its calls traced before the target's exec)
 	// and the race runtime re-execs itself (a second exec in every trace).
 	// The tracer's shared state is raced in-process by its own tests.
-	build := exec.Command("go", "build", "-o", hooktraceBin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := build.CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building hooktrace: %v\n%s", err, out)
-		os.Exit(1)
+	//
+	// HOOKTRACE_TEST_BIN names one built already (the kernel matrix runs
+	// this test binary in VMs, where building is slow).
+	if bin := os.Getenv("HOOKTRACE_TEST_BIN"); bin != "" {
+		hooktraceBin = bin
+	} else {
+		build := exec.Command("go", "build", "-o", hooktraceBin, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := build.CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "building hooktrace: %v\n%s", err, out)
+			os.Exit(1)
+		}
 	}
 	code := testenv.Run(m)
 	os.RemoveAll(dir)

@@ -122,7 +122,10 @@ func newRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 		sysOpts := opts
 		sysOpts.SyscallsOnly = true
 		sys, err := tracer.New(sysOpts)
-		if err != nil && !errors.Is(err, tracer.ErrPermission) {
+		var kerr *tracer.KernelError
+		if errors.As(err, &kerr) {
+			f.noEBPF = kerr.Missing
+		} else if err != nil && !errors.Is(err, tracer.ErrPermission) {
 			return nil, err
 		}
 		p, perr := preload.New(opts)

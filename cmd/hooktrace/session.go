@@ -37,6 +37,9 @@ type traceFlags struct {
 	hang        hangFlags
 	recorder    string // ebpf or preload once resolved; run's --recorder
 	autoWhy     string // why --recorder auto could not preload
+	// noEBPF is why auto records with preload alone: the kernel cannot
+	// run the eBPF recorder (tracer.KernelError's Missing).
+	noEBPF string
 
 	ignoreTargetStatus bool // run only
 }
@@ -158,6 +161,9 @@ func openRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 	if f.autoWhy != "" {
 		fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", f.autoWhy)
 	}
+	if f.noEBPF != "" {
+		fmt.Fprintf(os.Stderr, "hooktrace: recording with the preload recorder alone: this kernel cannot run the eBPF recorder (%s)\n", f.noEBPF)
+	}
 	return tr, nil
 }
 
@@ -165,6 +171,7 @@ func openRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 func (s *session) useRecorder(tr recorder) {
 	s.tr = tr
 	s.header.Recorder = recorderName(tr)
+	s.header.NoEBPF = s.flags.noEBPF
 }
 
 // start opens the output and runs the reader until the returned reading
