@@ -24,6 +24,7 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 // The shared-memory layout of src/shm.h (TestShmLayout checks these
@@ -55,6 +56,7 @@ const (
 	shmFFollow    = 2
 	shmFSamples   = 4
 	shmFSyscalls  = 8
+	shmFDetached  = 16
 )
 
 // shimFD is the descriptor the target finds the shared memory at: the
@@ -91,6 +93,12 @@ type Preload struct {
 	sys      Syscalls
 	sysGroup [][]byte     // stack records waiting for their event
 	sysQueue []sysPending // read, not yet merged into the stream
+
+	// live is the running process the library was injected into
+	// (attach), until Detach; safeSym reads that process's objects for
+	// the safe-point check.
+	live    *injected
+	safeSym *symbolize.Symbolizer
 }
 
 // sysPending is a syscall event (with the records it names) waiting to be
@@ -413,6 +421,18 @@ func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) err
 		case <-stop:
 			// The target is gone (or tracing ends): one last pass, in
 			// which records a killed writer left unfinished are skipped.
+			// A live process the library was injected into stops
+			// recording first.
+			if p.live != nil {
+				if err := p.Detach(); err != nil {
+					p.opts.Warn(err.Error())
+				}
+				// Records under way when the threads were stopped.
+				time.Sleep(10 * time.Millisecond)
+				if _, err := p.drain(false); err != nil {
+					return err
+				}
+			}
 			stopped = true
 		case <-time.After(idle):
 			idle = min(2*idle, 20*time.Millisecond)
@@ -589,8 +609,14 @@ func (p *Preload) Seen() (threads, locks int64) {
 // Events is the number of event records handed out so far.
 func (p *Preload) Events() uint64 { return p.conv.Events() }
 
-// Close releases the shared memory and removes the library.
+// Close releases the shared memory and removes the library (a process
+// it was injected into keeps it, dormant).
 func (p *Preload) Close() error {
+	if p.live != nil {
+		if err := p.Detach(); err != nil {
+			p.opts.Warn(err.Error())
+		}
+	}
 	if p.mem != nil {
 		unix.Munmap(p.mem)
 		p.mem = nil

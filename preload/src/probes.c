@@ -351,6 +351,9 @@ static void exec_event(struct tstate *t)
  * thread's exit is recorded at exit() or _exit(). */
 __attribute__((constructor)) static void shim_init(void)
 {
+#ifdef HOOKTRACE_INJECT
+	return; /* hooktrace_attach starts it */
+#endif
 	struct tstate *t = enter();
 	if (t) {
 		instrument_objects();

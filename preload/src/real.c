@@ -86,7 +86,15 @@ static int is_boot(const void *p)
 	return (const char *)p >= boot_heap && (const char *)p < boot_heap + sizeof(boot_heap);
 }
 
-#define RESOLVE(field, name) real.field = dlsym(RTLD_NEXT, name)
+/* Preloaded, the next definition after the shim's; injected (loaded
+ * locally by dlopen, after every binding was made), the one the program's
+ * own references bound to. */
+#ifdef HOOKTRACE_INJECT
+#define REAL_SCOPE RTLD_DEFAULT
+#else
+#define REAL_SCOPE RTLD_NEXT
+#endif
+#define RESOLVE(field, name) real.field = dlsym(REAL_SCOPE, name)
 
 static void resolve_real(void)
 {

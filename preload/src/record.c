@@ -15,6 +15,18 @@ static void count_call(struct tstate *t, __u32 op)
 
 /* Sets up a thread's state for this process: its TID (one syscall per
  * thread), its counter slot. */
+static int find_mapping(__u64 addr, __u64 *lo_out, __u64 *hi_out, int *writable);
+
+/* The top of the stack that holds sp, for a thread that was running
+ * before the library was (an injected attach): its mapping's end. A new
+ * thread's (thread_start) is known without it. */
+static __u64 stack_top(__u64 sp)
+{
+	__u64 lo, hi;
+	int w;
+	return find_mapping(sp, &lo, &hi, &w) && w ? hi : 0;
+}
+
 static void thread_init(struct tstate *t)
 {
 	int saved = errno;
@@ -28,7 +40,9 @@ static void thread_init(struct tstate *t)
 	}
 	if (t->shared.tid == my_pid)
 		t->stack_hi = (__u64)__libc_stack_end;
-	t->inited = 1;
+	else if (INJECTED)
+		t->stack_hi = stack_top((__u64)__builtin_frame_address(0));
+	t->inited = shim_gen;
 	errno = saved;
 }
 
@@ -50,7 +64,7 @@ static __attribute__((noinline, cold)) struct tstate *enter_slow(struct tstate *
 	if (!active)
 		return NULL;
 	t->guard = 1;
-	if (!t->inited)
+	if (t->inited != shim_gen)
 		thread_init(t);
 	if (first)
 		exec_event(t);
@@ -64,7 +78,7 @@ HOT struct tstate *enter(void)
 	struct tstate *t = &ts;
 	if (t->guard)
 		return NULL;
-	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2 || forking || !t->inited))
+	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2 || forking || t->inited != shim_gen))
 		return enter_slow(t);
 	if (!active)
 		return NULL;
@@ -80,7 +94,7 @@ HOT struct tstate *enter_op(__u32 op)
 {
 	struct tstate *t = &ts;
 	if (unlikely(t->guard)) {
-		if (t->inited && active && !resolving && !vf.child)
+		if (t->inited == shim_gen && active && !resolving && !vf.child)
 			count_call(t, op);
 		return NULL;
 	}
