@@ -1,0 +1,215 @@
+//go:build linux && amd64
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hooktrace/hooktrace/analyzer"
+	"github.com/hooktrace/hooktrace/internal/testenv"
+)
+
+// attach --recorder preload: the recorder library injected into a running
+// process through ptrace, as an ordinary user (as root, the tests run
+// both as user nobody).
+
+// commandTarget is testdata/attached.c running, as user nobody when the
+// tests run as root: told what to do on stdin, answering on stdout.
+type commandTarget struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *bufio.Reader
+	lines []string // everything it printed
+}
+
+func startCommandTarget(t *testing.T) *commandTarget {
+	t.Helper()
+	prog := testenv.Program(t, "attached")
+	c := &commandTarget{t: t, cmd: asNobody(t, prog, prog)}
+	var err error
+	if c.in, err = c.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.out = bufio.NewReader(stdout)
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c.cmd.ProcessState == nil {
+			c.cmd.Process.Kill()
+			c.cmd.Wait()
+		}
+	})
+	c.expect("ready")
+	return c
+}
+
+func (c *commandTarget) pid() int { return c.cmd.Process.Pid }
+
+// expect reads the target's next line, which must start with prefix.
+func (c *commandTarget) expect(prefix string) string {
+	c.t.Helper()
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		c.t.Fatalf("the target's output ended (%v) before %q", err, prefix)
+	}
+	line = strings.TrimSuffix(line, "\n")
+	c.lines = append(c.lines, line)
+	if !strings.HasPrefix(line, prefix) {
+		c.t.Fatalf("the target said %q, want %q", line, prefix)
+	}
+	return line
+}
+
+// phase runs a phase of n iterations (n malloc, n free, 4n locks) and
+// waits for its end.
+func (c *commandTarget) phase(n int) {
+	c.t.Helper()
+	fmt.Fprintf(c.in, "phase %d\n", n)
+	c.expect(fmt.Sprintf("phase %d ", n))
+}
+
+// exit ends the target and returns its exit status.
+func (c *commandTarget) exit() int {
+	c.t.Helper()
+	io.WriteString(c.in, "exit\n")
+	rest, _ := io.ReadAll(c.out)
+	err := c.cmd.Wait()
+	if len(rest) > 0 {
+		c.t.Errorf("the target said more before it exited: %q", rest)
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return 0
+}
+
+// liveAttach is `hooktrace attach` running as the target's user.
+type liveAttach struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	trace          string
+	done           chan error
+}
+
+// startAttach attaches to pid with args and waits for its ready file:
+// recording is on.
+func startAttach(t *testing.T, pid int, args ...string) *liveAttach {
+	t.Helper()
+	dir := nobodyDir(t)
+	ready := filepath.Join(dir, "ready")
+	a := &liveAttach{trace: filepath.Join(dir, "live.htr"), done: make(chan error, 1)}
+	argv := append([]string{hooktraceBin, "attach", "--pid", fmt.Sprint(pid), "--ready-file", ready,
+		"-o", a.trace, "--format", "json", "--fail-on", "none", "--hang-timeout", "0"}, args...)
+	a.cmd = asNobody(t, hooktraceBin, argv...)
+	a.cmd.Stdout, a.cmd.Stderr = &a.stdout, &a.stderr
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { a.done <- a.cmd.Wait() }()
+	t.Cleanup(func() { a.cmd.Process.Kill() })
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			return a
+		}
+		select {
+		case err := <-a.done:
+			t.Fatalf("attach ended before it was ready (%v):\n%s", err, a.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// stop ends the attach as Ctrl-C does and returns its report.
+func (a *liveAttach) stop(t *testing.T) jsonReport {
+	t.Helper()
+	// setpriv execs hooktrace: the process is hooktrace's.
+	a.cmd.Process.Signal(os.Interrupt)
+	if err := <-a.done; err != nil {
+		t.Fatalf("attach: %v\n%s", err, a.stderr.String())
+	}
+	return parseReport(t, a.stdout.String())
+}
+
+// checkPhaseCounts checks the calls of one phase of n, exactly.
+func checkPhaseCounts(t *testing.T, what string, calls map[string]uint64, n uint64) {
+	t.Helper()
+	for name, want := range map[string]uint64{"malloc": n, "free": n, "pthread_mutex_lock": 4 * n, "pthread_mutex_unlock": 4 * n} {
+		if calls[name] != want {
+			t.Errorf("%s: %s counted %d times, want %d (all: %v)", what, name, calls[name], want, calls)
+		}
+	}
+}
+
+// TestAttachPreload: an ordinary user attaches to a running program with
+// the preload recorder (the library injected with ptrace), while it is
+// blocked in read(2); a phase run while attached is counted exactly, in
+// the report and in analyze of the trace, with the inversion between its
+// two threads and their stacks; the program runs on after the detach and
+// ends as it would have.
+func TestAttachPreload(t *testing.T) {
+	c := startCommandTarget(t)
+	a := startAttach(t, c.pid(), "--recorder", "preload")
+	c.phase(1000)
+	rep := a.stop(t)
+	checkPhaseCounts(t, "attach", rep.Stats.Calls, 1000)
+	if rep.Stats.LostEvents != 0 || !rep.Stats.Complete {
+		t.Errorf("lost %d, complete %v (%s)", rep.Stats.LostEvents, rep.Stats.Complete, rep.Stats.Incomplete)
+	}
+	if len(rep.Stats.Traces) != 1 || !strings.HasPrefix(rep.Stats.Traces[0].Recorder, "preload") {
+		t.Errorf("traces: %+v, want one recorded by preload", rep.Stats.Traces)
+	}
+	_, fs := findingsOf(t, a.stdout.String())
+	checkAttachedInversion(t, fs)
+
+	out, stderr, code := hooktrace(t, nil, "analyze", "--format", "json", "--fail-on", "none", a.trace)
+	if code != 0 {
+		t.Fatalf("analyze: exit %d\n%s", code, stderr)
+	}
+	checkPhaseCounts(t, "analyze", parseReport(t, out).Stats.Calls, 1000)
+
+	c.phase(10)
+	if code := c.exit(); code != 7 {
+		t.Errorf("the target exited %d after the detach, want 7", code)
+	}
+}
+
+// checkAttachedInversion wants the lock-order cycle of attached.c's two threads,
+// with the functions that took each lock.
+func checkAttachedInversion(t *testing.T, fs []analyzer.Finding) {
+	t.Helper()
+	f := findingOfKind(fs, analyzer.KindLockOrderCycle)
+	if f == nil {
+		t.Fatalf("no lock-order-cycle finding in %d findings", len(fs))
+	}
+	if !strings.Contains(f.Title, "lock_a") || !strings.Contains(f.Title, "lock_b") {
+		t.Errorf("finding %q does not name lock_a and lock_b", f.Title)
+	}
+	var a, b bool
+	for i := range f.Edges {
+		a = a || edgeStackHas(&f.Edges[i], "a_then_b")
+		b = b || edgeStackHas(&f.Edges[i], "b_then_a")
+	}
+	if !a || !b {
+		t.Errorf("the cycle's stacks lack a_then_b (%v) or b_then_a (%v)", a, b)
+	}
+}
