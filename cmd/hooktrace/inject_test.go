@@ -213,3 +213,65 @@ func checkAttachedInversion(t *testing.T, fs []analyzer.Finding) {
 		t.Errorf("the cycle's stacks lack a_then_b (%v) or b_then_a (%v)", a, b)
 	}
 }
+
+// TestAttachPreloadCycles: ten attaches and detaches of one running
+// program, each counting its phase exactly (the second and later find the
+// library loaded and reuse it), leave the program's output and exit status
+// what an untraced run of the same commands gives.
+func TestAttachPreloadCycles(t *testing.T) {
+	c := startCommandTarget(t)
+	ref := startCommandTarget(t)
+	for i := range 10 {
+		a := startAttach(t, c.pid(), "--recorder", "preload")
+		c.phase(100 + i)
+		rep := a.stop(t)
+		checkPhaseCounts(t, fmt.Sprintf("attach %d", i+1), rep.Stats.Calls, uint64(100+i))
+		ref.phase(100 + i)
+	}
+	if n := mappedInjected(t, c.pid()); n != 1 {
+		t.Errorf("the recorder library is mapped from %d files after 10 attaches, want 1", n)
+	}
+	c.phase(1000)
+	ref.phase(1000)
+	if code, want := c.exit(), ref.exit(); code != want {
+		t.Errorf("exit status %d after the attaches, %d untraced", code, want)
+	}
+	if got, want := strings.Join(c.lines, "\n"), strings.Join(ref.lines, "\n"); got != want {
+		t.Errorf("output after the attaches:\n%s\nuntraced:\n%s", got, want)
+	}
+}
+
+// mappedInjected counts the files of the injected library pid maps.
+func mappedInjected(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if i := strings.Index(line, "/"); i >= 0 && strings.Contains(line, "libhooktrace_inject-") {
+			files[line[i:]] = true
+		}
+	}
+	return len(files)
+}
+
+// TestAttachPreloadKilled: an attach killed with SIGKILL, whose ring then
+// fills with no reader, leaves the program running at full speed to its
+// normal end: its writers drop records instead of waiting.
+func TestAttachPreloadKilled(t *testing.T) {
+	c := startCommandTarget(t)
+	ref := startCommandTarget(t)
+	a := startAttach(t, c.pid(), "--recorder", "preload", "--mode", "full", "--ring", "4K")
+	a.cmd.Process.Kill()
+	<-a.done
+	c.phase(20000)
+	ref.phase(20000)
+	if code, want := c.exit(), ref.exit(); code != want {
+		t.Errorf("exit status %d after the attach was killed, %d untraced", code, want)
+	}
+	if got, want := strings.Join(c.lines, "\n"), strings.Join(ref.lines, "\n"); got != want {
+		t.Errorf("output after the attach was killed:\n%s\nuntraced:\n%s", got, want)
+	}
+}
