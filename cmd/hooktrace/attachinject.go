@@ -3,7 +3,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 
@@ -36,11 +35,7 @@ func (a *attachment) openAttached(opts source.Options) (recorder, error) {
 		return nil, fmt.Errorf("--recorder preload: %w", err)
 	}
 	f.recorder = recorderEBPF
-	f.autoWhy = "the recorder library cannot be loaded into pid " + fmt.Sprint(a.pid) + ": " + err.Error()
-	var not *preload.NotInjectableError
-	if !errors.As(err, &not) {
-		f.autoWhy = err.Error()
-	}
+	f.autoWhy = "the recorder library cannot be loaded: " + err.Error()
 	fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", f.autoWhy)
 	return attachRecorder(f, opts, a.pid)
 }

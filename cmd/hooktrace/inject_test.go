@@ -275,3 +275,83 @@ func TestAttachPreloadKilled(t *testing.T) {
 		t.Errorf("output after the attach was killed:\n%s\nuntraced:\n%s", got, want)
 	}
 }
+
+// runAttachAsNobody runs attach to pid as the target's (unprivileged)
+// user, with hang detection off, and returns stderr and the exit status.
+func runAttachAsNobody(t *testing.T, pid int, args ...string) (string, int) {
+	t.Helper()
+	argv := append([]string{hooktraceBin, "attach", "--pid", fmt.Sprint(pid), "--hang-timeout", "0", "--duration", "1s",
+		"-o", filepath.Join(nobodyDir(t), "t.htr")}, args...)
+	c := asNobody(t, hooktraceBin, argv...)
+	var stderr strings.Builder
+	c.Stderr = &stderr
+	err := c.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return stderr.String(), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stderr.String(), 0
+}
+
+// TestAttachPreloadUnsafe: a thread that stays inside malloc (a memory
+// hook, run by glibc's munmap inside malloc, waits for a lock its own
+// thread holds) is never a safe point to load the library: attach tries
+// again for a bounded time, then says which thread is where. auto then
+// needs eBPF, which an ordinary user may not load: exit 4, with both
+// reasons.
+func TestAttachPreloadUnsafe(t *testing.T) {
+	cmd := startHung(t, testenv.Program(t, "hookhang"))
+	if cmd == nil {
+		t.Fatal("testdata/hookhang.c exited")
+	}
+	pid := cmd.Process.Pid
+	stderr, code := runAttachAsNobody(t, pid, "--recorder", "preload")
+	if code != exitFailure || !strings.Contains(stderr, "no safe point to load the recorder") ||
+		!strings.Contains(stderr, "inside the allocator") {
+		t.Errorf("--recorder preload: exit %d, want %d, saying that a thread is inside the allocator:\n%s", code, exitFailure, stderr)
+	}
+	if os.Geteuid() != 0 {
+		return
+	}
+	stderr, code = runAttachAsNobody(t, pid)
+	if code != exitPermission || !strings.Contains(stderr, "inside the allocator") || !strings.Contains(stderr, "not permitted to load BPF") {
+		t.Errorf("auto: exit %d, want %d, with both reasons:\n%s", code, exitPermission, stderr)
+	}
+	if state, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(state), ") Z") {
+		t.Errorf("the target is not alive after the attempts: %s %v", state, err)
+	}
+}
+
+// TestAttachPreloadStatic: a static program has no loader to load a
+// library: --recorder preload says so; auto says it would need eBPF, which
+// an ordinary user may not load (exit 4).
+func TestAttachPreloadStatic(t *testing.T) {
+	prog := testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "attached.c"), Name: "attached_static",
+		Flags: append(append([]string(nil), testenv.CFlags...), "-static")}.Build(t)
+	c := &commandTarget{t: t, cmd: asNobody(t, prog, prog)}
+	var err error
+	if c.in, err = c.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, _ := c.cmd.StdoutPipe()
+	c.out = bufio.NewReader(stdout)
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.cmd.Process.Kill(); c.cmd.Wait() }()
+	c.expect("ready")
+	stderr, code := runAttachAsNobody(t, c.pid(), "--recorder", "preload")
+	if code != exitFailure || !strings.Contains(stderr, "maps no libc (a static program)") {
+		t.Errorf("--recorder preload: exit %d, want %d, saying the program is static:\n%s", code, exitFailure, stderr)
+	}
+	if os.Geteuid() == 0 {
+		stderr, code = runAttachAsNobody(t, c.pid())
+		if code != exitPermission || !strings.Contains(stderr, "a static program") || !strings.Contains(stderr, "not permitted to load BPF") {
+			t.Errorf("auto: exit %d, want %d, with both reasons:\n%s", code, exitPermission, stderr)
+		}
+	}
+	c.phase(10)
+}
