@@ -81,7 +81,6 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 	if err != nil {
 		return err
 	}
-	memPath := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), p.memfd.Fd())
 	deadline := time.Now().Add(o.Wait)
 	for {
 		base, mapped := loadedInjected(pid)
@@ -111,16 +110,28 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 					return fmt.Errorf("pid %d: the recorder library is not mapped after dlopen", pid)
 				}
 			}
+			if err := p.watchInjected(pid, lib, base, mapped); err != nil {
+				return err
+			}
+			fd, err := p.memoryIn(s, t, libc)
+			if err != nil {
+				return err
+			}
+			memPath := fmt.Sprintf("/proc/self/fd/%d", fd)
 			at, err := s.PushString(t, memPath)
 			if err != nil {
 				return err
 			}
 			rc, err := s.Call(t, base+offAttach, at, p.id)
+			if err == nil {
+				// Mapped: the process keeps no descriptor of it.
+				_, err = s.Call(t, libc.close, fd)
+			}
 			if err != nil {
 				return fmt.Errorf("starting the recorder in pid %d: %w", pid, err)
 			}
 			if int64(rc) < 0 {
-				return fmt.Errorf("pid %d: the recorder library could not map hooktrace's shared memory at %s: errno %d", pid, memPath, -int64(rc))
+				return fmt.Errorf("pid %d: the recorder library could not map the shared memory: errno %d", pid, -int64(rc))
 			}
 			return nil
 		})
@@ -184,6 +195,32 @@ func (p *Preload) Detach() error {
 		}
 		return nil
 	}
+}
+
+// watchInjected lets the kernel's syscall tracepoint, when there is one,
+// read the injected library's per-thread state, as it does the preloaded
+// one's: its uprobe on the library's announcement must be placed on the
+// file the process mapped, which for a library an earlier attach loaded
+// is removed, and reached through /proc/PID/map_files.
+func (p *Preload) watchInjected(pid int, lib string, base uint64, mapped string) error {
+	if p.sys == nil || p.sysWatched {
+		return nil
+	}
+	path := lib
+	if mapped != lib {
+		maps, err := symbolize.ReadMaps(pid)
+		if err != nil {
+			return err
+		}
+		if m, ok := maps.Find(base); ok {
+			path = fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End)
+		}
+	}
+	if err := p.sys.WatchShim(path, shimReady); err != nil {
+		return err
+	}
+	p.sysWatched = true
+	return nil
 }
 
 type unsafeError struct{ why string }
@@ -275,14 +312,48 @@ func findDlopen(pid int, maps symbolize.Maps) (libcFuncs, error) {
 	}
 	// A shared library is linked at 0: its first mapping is its bias.
 	f := libcFuncs{dlopen: libc.Start + sym.Value}
-	if e, err := o.Func("dlerror"); err == nil {
-		f.dlerror = libc.Start + e.Value
+	for name, at := range map[string]*uint64{"dlerror": &f.dlerror, "memfd_create": &f.memfdCreate, "close": &f.close} {
+		if e, err := o.Func(name); err == nil {
+			*at = libc.Start + e.Value
+		}
+	}
+	if f.memfdCreate == 0 || f.close == 0 {
+		return libcFuncs{}, &NotInjectableError{fmt.Sprintf("pid %d's libc %s has no memfd_create", pid, libc.Path)}
 	}
 	return f, nil
 }
 
-// libcFuncs are the loader's entry points in the target's libc.
-type libcFuncs struct{ dlopen, dlerror uint64 }
+// libcFuncs are the functions of the target's libc hooktrace calls.
+type libcFuncs struct{ dlopen, dlerror, memfdCreate, close uint64 }
+
+// memoryIn makes the shared memory the process records into: a memfd of
+// its own, which hooktrace opens through /proc and maps, so that it is
+// reachable whoever the two run as (a process cannot open a root
+// hooktrace's descriptors). This recorder's memory moves there, header
+// and all (its ring is still empty). Returns the process's descriptor.
+func (p *Preload) memoryIn(s *inject.Stopped, t *inject.Thread, libc libcFuncs) (uint64, error) {
+	name, err := s.PushString(t, "hooktrace-ring")
+	if err != nil {
+		return 0, err
+	}
+	// MFD_CLOEXEC: a program it execs does not inherit it.
+	fd, err := s.Call(t, libc.memfdCreate, name, 1)
+	if err != nil {
+		return 0, fmt.Errorf("calling memfd_create in pid %d: %w", s.PID(), err)
+	}
+	if int32(fd) < 0 {
+		return 0, fmt.Errorf("pid %d: memfd_create: errno %d", s.PID(), -int32(fd))
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", s.PID(), fd), os.O_RDWR, 0)
+	if err == nil {
+		err = p.moveMemory(f)
+	}
+	if err != nil {
+		s.Call(t, libc.close, fd)
+		return 0, fmt.Errorf("pid %d's shared memory: %w", s.PID(), err)
+	}
+	return fd, nil
+}
 
 // callingThread picks the thread that makes the calls: one whose signal
 // mask lets the fault that ends a call through (it is how hooktrace sees

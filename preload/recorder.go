@@ -97,8 +97,9 @@ type Preload struct {
 	// live is the running process the library was injected into
 	// (attach), until Detach; safeSym reads that process's objects for
 	// the safe-point check.
-	live    *injected
-	safeSym *symbolize.Symbolizer
+	live       *injected
+	safeSym    *symbolize.Symbolizer
+	sysWatched bool // the tracepoint reads the injected library's state
 }
 
 // sysPending is a syscall event (with the records it names) waiting to be
@@ -238,6 +239,27 @@ func (p *Preload) writeShim() error {
 	if err := os.WriteFile(p.shim, Shim, 0o500); err != nil {
 		return fmt.Errorf("writing the preloaded library: %w", err)
 	}
+	return nil
+}
+
+// moveMemory makes f, sized and mapped as the memory New made, this
+// recorder's shared memory, with the same header; the ring must be empty.
+func (p *Preload) moveMemory(f *os.File) error {
+	if err := f.Truncate(int64(len(p.mem))); err != nil {
+		f.Close()
+		return fmt.Errorf("sizing the shared memory: %w", err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, len(p.mem), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("mapping the shared memory: %w", err)
+	}
+	// The magic last, as New writes it.
+	copy(mem[8:shmHeader], p.mem[8:shmHeader])
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[shmOffMagic])), shmMagic)
+	unix.Munmap(p.mem)
+	p.memfd.Close()
+	p.mem, p.ring, p.memfd = mem, mem[shmHeader:], f
 	return nil
 }
 

@@ -111,16 +111,26 @@ type liveAttach struct {
 	done           chan error
 }
 
-// startAttach attaches to pid with args and waits for its ready file:
-// recording is on.
+// startAttach attaches to pid with args, as the target's user, and waits
+// for its ready file: recording is on.
 func startAttach(t *testing.T, pid int, args ...string) *liveAttach {
+	t.Helper()
+	return startAttachAs(t, pid, false, args...)
+}
+
+// startAttachAs is startAttach as root when asRoot is set.
+func startAttachAs(t *testing.T, pid int, asRoot bool, args ...string) *liveAttach {
 	t.Helper()
 	dir := nobodyDir(t)
 	ready := filepath.Join(dir, "ready")
 	a := &liveAttach{trace: filepath.Join(dir, "live.htr"), done: make(chan error, 1)}
 	argv := append([]string{hooktraceBin, "attach", "--pid", fmt.Sprint(pid), "--ready-file", ready,
 		"-o", a.trace, "--format", "json", "--fail-on", "none", "--hang-timeout", "0"}, args...)
-	a.cmd = asNobody(t, hooktraceBin, argv...)
+	if asRoot {
+		a.cmd = exec.Command(argv[0], argv[1:]...)
+	} else {
+		a.cmd = asNobody(t, hooktraceBin, argv...)
+	}
 	a.cmd.Stdout, a.cmd.Stderr = &a.stdout, &a.stderr
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -354,4 +364,44 @@ func TestAttachPreloadStatic(t *testing.T) {
 		}
 	}
 	c.phase(10)
+}
+
+// TestAttachPreloadParity: root attaches to an ordinary user's program
+// with each recorder in turn (the injected library reaches its shared
+// memory whoever runs it), and each finds the same inversion, with the
+// same ID, and counts the same calls of its phase; auto, as root, is the
+// injected library plus the kernel's syscall tracepoint.
+func TestAttachPreloadParity(t *testing.T) {
+	testenv.RequireBPF(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to attach to another user's process")
+	}
+	c := startCommandTarget(t)
+	ids := map[string]string{}
+	for _, rec := range []string{"ebpf", "preload", "auto"} {
+		a := startAttachAs(t, c.pid(), true, "--recorder", rec)
+		c.phase(500)
+		rep := a.stop(t)
+		for name, want := range map[string]uint64{"malloc": 500, "free": 500, "pthread_mutex_lock": 2000, "pthread_mutex_unlock": 2000} {
+			// A uprobe on malloc also sees glibc's internal calls.
+			if got := rep.Stats.Calls[name]; got != want && (rec != "ebpf" || got < want) {
+				t.Errorf("%s: %s counted %d times, want %d", rec, name, got, want)
+			}
+		}
+		want := map[string]string{"ebpf": "ebpf", "preload": "preload", "auto": "preload+sys_enter"}[rec]
+		if len(rep.Stats.Traces) != 1 || rep.Stats.Traces[0].Recorder != want {
+			t.Errorf("%s: traces %+v, want one recorded by %s", rec, rep.Stats.Traces, want)
+		}
+		_, fs := findingsOf(t, a.stdout.String())
+		checkAttachedInversion(t, fs)
+		if f := findingOfKind(fs, analyzer.KindLockOrderCycle); f != nil {
+			ids[rec] = f.ID
+		}
+	}
+	if ids["ebpf"] != ids["preload"] || ids["ebpf"] != ids["auto"] {
+		t.Errorf("the inversion's ID differs by recorder: %v", ids)
+	}
+	if code := c.exit(); code != 7 {
+		t.Errorf("the target exited %d, want 7", code)
+	}
 }
