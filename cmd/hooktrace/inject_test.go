@@ -17,6 +17,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/rcache"
 )
 
 // attach --recorder preload: the recorder library injected into a running
@@ -404,4 +405,49 @@ func TestAttachPreloadParity(t *testing.T) {
 	if code := c.exit(); code != 7 {
 		t.Errorf("the target exited %d, want 7", code)
 	}
+}
+
+// TestAttachPreloadSeedCase: the registration cache's legacy variant,
+// attached while it runs, as an ordinary user with the injected library:
+// its memory hook takes vma_lock inside glibc's free, with the arena held,
+// and the cycle through the arena is found, as eBPF attach finds it (same
+// ID, as root).
+func TestAttachPreloadSeedCase(t *testing.T) {
+	if _, err := rcache.Compiler(); err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
+	b, err := rcache.Build(nobodyDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attachSeed := func(t *testing.T, asRoot bool, rec string) *analyzer.Finding {
+		t.Helper()
+		cmd := asNobody(t, b.Workload, b.Workload, "--variant", "legacy", "--seconds", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		a := startAttachAs(t, cmd.Process.Pid, asRoot, "--recorder", rec)
+		time.Sleep(2 * time.Second)
+		rep := a.stop(t)
+		_, fs := findingsOf(t, a.stdout.String())
+		for i := range fs {
+			f := &fs[i]
+			if f.Kind == analyzer.KindLockOrderCycle && sameSet(f.Locks, []string{"vma_lock (librcache.so)", "glibc malloc arena"}) {
+				return f
+			}
+		}
+		t.Fatalf("%s: no cycle through vma_lock and the arena in %d findings (calls %v)\n%s", rec, len(fs), rep.Stats.Calls, a.stderr.String())
+		return nil
+	}
+	pre := attachSeed(t, false, "preload")
+	t.Run("ebpf", func(t *testing.T) {
+		testenv.RequireBPF(t)
+		if os.Geteuid() != 0 {
+			t.Skip("needs root")
+		}
+		if f := attachSeed(t, true, "ebpf"); f.ID != pre.ID {
+			t.Errorf("eBPF attach found %s %q, preload %s %q", f.ID, f.Title, pre.ID, pre.Title)
+		}
+	})
 }
