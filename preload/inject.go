@@ -44,7 +44,13 @@ type InjectOptions struct {
 	// into the loader is unsafe (inside the allocator, the loader, the
 	// library itself); 0 means 2 s.
 	Wait time.Duration
+	// Cancel, when closed, ends the wait (the attach is over before the
+	// recorder was loaded).
+	Cancel <-chan struct{}
 }
+
+// ErrCanceled is Inject's error when InjectOptions.Cancel ended it.
+var ErrCanceled = errors.New("canceled before the recorder was loaded")
 
 // injected is a live process the library records in.
 type injected struct {
@@ -140,7 +146,11 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("pid %d: no safe point to load the recorder in %v: %s (tried again and again)", pid, o.Wait, unsafe.why)
 			}
-			time.Sleep(20 * time.Millisecond)
+			select {
+			case <-o.Cancel:
+				return ErrCanceled
+			case <-time.After(20 * time.Millisecond):
+			}
 			continue
 		}
 		if err != nil {

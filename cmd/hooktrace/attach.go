@@ -162,13 +162,15 @@ type placing struct {
 func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
 	placed := make(chan placing, 1)
 	cancel := make(chan struct{})
+	// Read before the goroutine: opening the recorder settles the flag.
+	injecting := a.s.flags.recorder != recorderEBPF
 	go func() {
 		// Threads that may already be deadlocked are diagnosed first: the
 		// BPF loader's work would slow that down. Without the privileges
 		// for it, the recorder fails at once and says why.
 		// Injecting the recorder stops the threads, which must not be
 		// deadlocked already either.
-		if proc.MayLoadBPF() || a.s.flags.recorder != recorderEBPF {
+		if proc.MayLoadBPF() || injecting {
 			select {
 			case <-a.hang.settled():
 			case <-cancel:
@@ -176,17 +178,31 @@ func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
 				return
 			}
 		}
-		tr, err := a.openAttached(opts)
+		select {
+		case <-cancel:
+			placed <- placing{}
+			return
+		default:
+		}
+		tr, err := a.openAttached(opts, cancel)
 		placed <- placing{tr, err}
 	}()
 	// Attach ends before the probes are live: they are closed once placed.
 	abandon := func(why string) error {
 		close(cancel)
-		go func() {
+		closePlaced := func() {
 			if p := <-placed; p.tr != nil {
 				p.tr.Close()
 			}
-		}()
+		}
+		if !injecting {
+			go closePlaced()
+		} else {
+			// A library being loaded into the process must be finished
+			// with, and taken out again, before hooktrace exits: a
+			// thread left in the middle of a call would crash it.
+			closePlaced()
+		}
 		return a.s.startUnrecorded(why)
 	}
 	select {

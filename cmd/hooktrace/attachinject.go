@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -14,7 +15,7 @@ import (
 // running process: the preload recorder's library injected (ptrace, then
 // dlopen in the process), or the eBPF probes. auto injects where it can
 // and otherwise uses eBPF, saying why on stderr.
-func (a *attachment) openAttached(opts source.Options) (recorder, error) {
+func (a *attachment) openAttached(opts source.Options, cancel <-chan struct{}) (recorder, error) {
 	f := a.s.flags
 	switch f.recorder {
 	case recorderEBPF:
@@ -26,10 +27,13 @@ func (a *attachment) openAttached(opts source.Options) (recorder, error) {
 	auto := f.recorder != recorderPreload
 	tr, err := attachRecorder(f, opts, a.pid)
 	if err == nil {
-		if err = tr.(*preload.Preload).Inject(a.pid, preload.InjectOptions{}); err == nil {
+		if err = tr.(*preload.Preload).Inject(a.pid, preload.InjectOptions{Cancel: cancel}); err == nil {
 			return tr, nil
 		}
 		tr.Close()
+	}
+	if errors.Is(err, preload.ErrCanceled) {
+		return nil, err
 	}
 	if !auto {
 		return nil, fmt.Errorf("--recorder preload: %w", err)
