@@ -184,10 +184,9 @@ func (p *Preload) Detach() error {
 			if err != nil {
 				return err
 			}
-			for _, th := range s.Threads() {
-				if inObject(l.pid, th.Regs.Rip, p.conv.Hide) {
-					return &unsafeError{fmt.Sprintf("thread %d is inside the recorder library", th.TID)}
-				}
+			judge := func(i int, fn, obj string) string { return inLibrary(i, obj) }
+			if why := unsafeWhere(s, p.safetySymbolizer(l.pid), judge); why != "" {
+				return &unsafeError{why}
 			}
 			_, err = s.Call(t, l.detach)
 			return err
@@ -372,11 +371,11 @@ func (p *Preload) memoryIn(s *inject.Stopped, t *inject.Thread, libc libcFuncs) 
 func callingThread(s *inject.Stopped) (*inject.Thread, error) {
 	const segv = 1 << (11 - 1)
 	var best *inject.Thread
-	filtered := 0
 	for _, t := range s.Threads() {
+		// A filtered thread may be killed by its first call the library
+		// adds (it reads /proc/self/maps once per thread).
 		if t.Seccomp != 0 {
-			filtered++
-			continue
+			return nil, &NotInjectableError{fmt.Sprintf("pid %d runs under seccomp (thread %d): the library's system calls may break its filter", s.PID(), t.TID)}
 		}
 		if t.Blocked&segv != 0 || t.Ignored&segv != 0 {
 			continue
@@ -387,9 +386,6 @@ func callingThread(s *inject.Stopped) (*inject.Thread, error) {
 	}
 	if best != nil {
 		return best, nil
-	}
-	if filtered == len(s.Threads()) {
-		return nil, &NotInjectableError{fmt.Sprintf("pid %d runs under seccomp: loading a library may break its filter", s.PID())}
 	}
 	return nil, &NotInjectableError{fmt.Sprintf("every thread of pid %d blocks or ignores SIGSEGV, which hooktrace's calls end with", s.PID())}
 }
@@ -426,12 +422,18 @@ func (p *Preload) safetySymbolizer(pid int) *symbolize.Symbolizer {
 // lock), the loader (its lock), thread creation or exit (the stack cache
 // lock dlopen takes for static TLS), fork, or the recorder library.
 func unsafePoint(s *inject.Stopped, sym *symbolize.Symbolizer) string {
+	return unsafeWhere(s, sym, unsafeFrame)
+}
+
+// unsafeWhere says which thread has a frame judge finds unsafe (judge is
+// given the frame's index, 0 innermost, its function and object), or "".
+func unsafeWhere(s *inject.Stopped, sym *symbolize.Symbolizer, judge func(i int, fn, obj string) string) string {
 	maps := sym.Maps()
 	for _, t := range s.Threads() {
 		data := readStack(s, maps, t.Regs.Rsp)
 		pcs, _ := unwind.AppendUnwind(nil, unwind.Sample{IP: t.Regs.Rip, SP: t.Regs.Rsp, BP: t.Regs.Rbp, Stack: data}, sym.ResolveCFI, 64)
 		for i, f := range sym.Frames(pcs) {
-			if why := unsafeFrame(f.Function, f.Object); why != "" {
+			if why := judge(i, f.Function, f.Object); why != "" {
 				where := f.Function
 				if where == "" {
 					where = filepath.Base(f.Object)
@@ -446,15 +448,30 @@ func unsafePoint(s *inject.Stopped, sym *symbolize.Symbolizer) string {
 	return ""
 }
 
-// unsafeFrame says why a frame in function fn of object obj makes a call
-// into the loader unsafe, or "".
-func unsafeFrame(fn, obj string) string {
+// inLibrary says why frame i, of object obj, is one of the recorder
+// library's where starting or stopping it is unsafe, or "": the thread is
+// running its code, or a function it called directly (memcpy of a
+// record). A thread blocked in a lock call its wrapper made, further up,
+// only returns through the wrapper, which may record into the memory of
+// an earlier attach, still mapped.
+func inLibrary(i int, obj string) string {
+	base := filepath.Base(obj)
+	if i <= 1 && (strings.HasPrefix(base, injectName) || strings.HasPrefix(base, "libhooktrace_preload")) {
+		return "inside the recorder library:"
+	}
+	return ""
+}
+
+// unsafeFrame says why frame i, in function fn of object obj, makes a
+// call into the loader unsafe, or "".
+func unsafeFrame(i int, fn, obj string) string {
+	if why := inLibrary(i, obj); why != "" {
+		return why
+	}
 	base := filepath.Base(obj)
 	switch {
 	case strings.HasPrefix(base, "ld-linux") || strings.HasPrefix(base, "ld-"):
 		return "inside the loader:"
-	case strings.HasPrefix(base, injectName) || strings.HasPrefix(base, "libhooktrace_preload"):
-		return "inside the recorder library:"
 	case !strings.HasPrefix(base, "libc.so") && !strings.HasPrefix(base, "libc-"):
 		return ""
 	}
@@ -490,14 +507,4 @@ func readStack(s *inject.Stopped, maps symbolize.Maps, sp uint64) []byte {
 	}
 	b, _ := s.ReadMemory(sp, size)
 	return b
-}
-
-// inObject says whether addr lies in pid's mapping of the file path.
-func inObject(pid int, addr uint64, path string) bool {
-	maps, err := symbolize.ReadMaps(pid)
-	if err != nil {
-		return false
-	}
-	m, ok := maps.Find(addr)
-	return ok && m.Path == path
 }

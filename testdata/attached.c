@@ -1,6 +1,8 @@
 // A long-running program to attach to: it reads commands on stdin, and
 // for each "phase N" runs a phase of known counts, then prints a checksum
-// line; "exit" ends it with status 7. Between commands it is blocked in
+// line; "hold" starts a thread that waits on a condition variable until
+// "release" (each answers "held", "released"); "exit" ends it with
+// status 7. Between commands it is blocked in
 // read(2), as a server between requests is.
 //
 // A phase: thread 1 takes A then B, N times, calling malloc and free
@@ -47,14 +49,48 @@ __attribute__((noinline)) static void *b_then_a(void *arg)
 	return arg;
 }
 
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cond = PTHREAD_COND_INITIALIZER;
+static int holding, released;
+
+static void *hold(void *arg)
+{
+	pthread_mutex_lock(&hold_lock);
+	holding = 1;
+	pthread_cond_broadcast(&hold_cond);
+	while (!released)
+		pthread_cond_wait(&hold_cond, &hold_lock);
+	pthread_mutex_unlock(&hold_lock);
+	return arg;
+}
+
 int main(void)
 {
+	pthread_t holder;
 	char line[128];
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	printf("ready\n");
 	while (fgets(line, sizeof(line), stdin)) {
 		if (strncmp(line, "exit", 4) == 0)
 			return 7;
+		if (strncmp(line, "hold", 4) == 0) {
+			pthread_create(&holder, NULL, hold, NULL);
+			pthread_mutex_lock(&hold_lock);
+			while (!holding)
+				pthread_cond_wait(&hold_cond, &hold_lock);
+			pthread_mutex_unlock(&hold_lock);
+			printf("held\n");
+			continue;
+		}
+		if (strncmp(line, "release", 7) == 0) {
+			pthread_mutex_lock(&hold_lock);
+			released = 1;
+			pthread_cond_broadcast(&hold_cond);
+			pthread_mutex_unlock(&hold_lock);
+			pthread_join(holder, NULL);
+			printf("released\n");
+			continue;
+		}
 		if (sscanf(line, "phase %ld", &n) != 1)
 			continue;
 		pthread_t t;

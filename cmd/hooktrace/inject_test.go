@@ -451,3 +451,31 @@ func TestAttachPreloadSeedCase(t *testing.T) {
 		}
 	})
 }
+
+// TestAttachPreloadBlockedInWrapper: a thread that entered
+// pthread_cond_wait through the library during one attach, and still
+// waits in it, does not keep the next attach from loading (it is not
+// running the library's code), nor the detach after it; the program ends
+// as it would have.
+func TestAttachPreloadBlockedInWrapper(t *testing.T) {
+	c := startCommandTarget(t)
+	a := startAttach(t, c.pid(), "--recorder", "preload")
+	io.WriteString(c.in, "hold\n")
+	c.expect("held")
+	a.stop(t)
+	a = startAttach(t, c.pid(), "--recorder", "preload")
+	c.phase(300)
+	io.WriteString(c.in, "release\n")
+	c.expect("released")
+	rep := a.stop(t)
+	// The phase's, then the release's: main locks and unlocks, the
+	// holder returns from its wait and unlocks.
+	for name, want := range map[string]uint64{"malloc": 300, "free": 300, "pthread_mutex_lock": 1201, "pthread_mutex_unlock": 1202} {
+		if got := rep.Stats.Calls[name]; got != want {
+			t.Errorf("%s counted %d times, want %d (all: %v)", name, got, want, rep.Stats.Calls)
+		}
+	}
+	if code := c.exit(); code != 7 {
+		t.Errorf("the target exited %d, want 7", code)
+	}
+}
