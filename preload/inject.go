@@ -57,6 +57,16 @@ type injected struct {
 	pid    int
 	base   uint64 // the library's load address in it
 	detach uint64
+	slots  int // GOT slots rewritten
+}
+
+// Injected says how many GOT slots of the process the library rewrote,
+// 0 when it was not injected into one.
+func (p *Preload) Injected() int {
+	if p.live == nil {
+		return 0
+	}
+	return p.live.slots
 }
 
 // Inject loads the recorder library into the running process pid (or
@@ -88,6 +98,7 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 		return err
 	}
 	deadline := time.Now().Add(o.Wait)
+	slots := 0
 	for {
 		base, mapped := loadedInjected(pid)
 		err = inject.With(pid, func(s *inject.Stopped) error {
@@ -139,6 +150,7 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 			if int64(rc) < 0 {
 				return fmt.Errorf("pid %d: the recorder library could not map the shared memory: errno %d", pid, -int64(rc))
 			}
+			slots = int(rc)
 			return nil
 		})
 		var unsafe *unsafeError
@@ -156,7 +168,12 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 		if err != nil {
 			return err
 		}
-		p.live = &injected{pid: pid, base: base, detach: base + offDetach}
+		if slots == 0 {
+			p.live = &injected{pid: pid, base: base, detach: base + offDetach}
+			p.Detach()
+			return &NotInjectableError{fmt.Sprintf("pid %d calls none of the traced functions through a GOT slot the library could rewrite", pid)}
+		}
+		p.live = &injected{pid: pid, base: base, detach: base + offDetach, slots: slots}
 		// Stacks hide the library's frames, whichever file it was loaded
 		// from (an earlier attach's, removed since).
 		p.conv.Hide = mapped

@@ -378,22 +378,26 @@ func (p *Preload) Recorder() string { return "preload" }
 // Sites lists what the shim interposes.
 func (p *Preload) Sites() []events.ProbeSite {
 	var out []events.ProbeSite
+	lib := "libhooktrace_preload.so"
+	if p.live != nil {
+		lib = "libhooktrace_inject.so"
+	}
 	for _, f := range source.ProbeFuncs {
-		out = append(out, events.ProbeSite{Name: f.Name, Object: "libhooktrace_preload.so", Kind: "preload"})
+		out = append(out, events.ProbeSite{Name: f.Name, Object: lib, Kind: "preload"})
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
 		"fork", "_Fork", "vfork", "execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle", "fexecve", "execveat",
 		"posix_spawn", "posix_spawnp", "_exit", "_Exit", "dlopen", "dlmopen"} {
-		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
+		out = append(out, events.ProbeSite{Name: name, Object: lib, Kind: "preload"})
 	}
 	if p.sys != nil {
-		out = append(out, events.ProbeSite{Name: shimReady, Object: "libhooktrace_preload.so", Kind: "uprobe"})
+		out = append(out, events.ProbeSite{Name: shimReady, Object: lib, Kind: "uprobe"})
 		out = append(out, p.sys.Sites()...)
 	} else {
 		// libc's memory wrappers, reached through the GOT slots the
 		// shim rewrites in every object but libc.
 		for _, name := range []string{"madvise", "munmap", "mmap", "mremap", "brk", "sbrk"} {
-			out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload-got"})
+			out = append(out, events.ProbeSite{Name: name, Object: lib, Kind: "preload-got"})
 		}
 	}
 	return out

@@ -27,7 +27,10 @@ func (a *attachment) openAttached(opts source.Options, cancel <-chan struct{}) (
 	auto := f.recorder != recorderPreload
 	tr, err := attachRecorder(f, opts, a.pid)
 	if err == nil {
-		if err = tr.(*preload.Preload).Inject(a.pid, preload.InjectOptions{Cancel: cancel}); err == nil {
+		p := tr.(*preload.Preload)
+		if err = p.Inject(a.pid, preload.InjectOptions{Cancel: cancel}); err == nil {
+			fmt.Fprintf(os.Stderr, "hooktrace: pid %d: recorder library loaded (ptrace, dlopen), %d GOT slots of its objects lead to it until the detach\n",
+				a.pid, p.Injected())
 			return tr, nil
 		}
 		tr.Close()

@@ -125,9 +125,10 @@ static void inject_fork_child(void)
 }
 
 /* Starts recording into the shared memory hooktrace made, opened at path
- * (its own descriptor of it, through /proc), of run id. Called with every
+ * (its descriptor, through /proc/self/fd), of run id. Called with every
  * thread stopped outside the allocator, the loader and this library.
- * Returns 0, or a negative errno. */
+ * Returns how many GOT slots lead to the library now, or a negative
+ * errno. */
 EXPORT __attribute__((noinline)) long hooktrace_attach(const char *path, __u64 id)
 {
 	int saved_errno = errno, guard = ts.guard;
@@ -173,6 +174,7 @@ EXPORT __attribute__((noinline)) long hooktrace_attach(const char *path, __u64 i
 	active = 1;
 	announce_shared();
 	instrument_objects();
+	ret = nsaved;
 out:
 	ts.guard = guard;
 	errno = saved_errno;
