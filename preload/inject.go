@@ -81,10 +81,6 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 	if o.Wait == 0 {
 		o.Wait = 2 * time.Second
 	}
-	lib, err := p.writeInjected()
-	if err != nil {
-		return err
-	}
 	maps, err := symbolize.ReadMaps(pid)
 	if err != nil {
 		return fmt.Errorf("pid %d: %w", pid, err)
@@ -110,24 +106,14 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 				return &unsafeError{why}
 			}
 			if base == 0 {
-				at, err := s.PushString(t, lib)
-				if err != nil {
+				if err := loadLibrary(s, t, libc); err != nil {
 					return err
-				}
-				// RTLD_NOW | RTLD_LOCAL: bound at once, and found by no
-				// later lookup of the program's.
-				h, err := s.Call(t, libc.dlopen, at, 2)
-				if err != nil {
-					return fmt.Errorf("calling dlopen in pid %d: %w", pid, err)
-				}
-				if h == 0 {
-					return fmt.Errorf("pid %d: dlopen of the recorder library failed: %s", pid, dlError(s, t, libc))
 				}
 				if base, mapped = loadedInjected(pid); base == 0 {
 					return fmt.Errorf("pid %d: the recorder library is not mapped after dlopen", pid)
 				}
 			}
-			if err := p.watchInjected(pid, lib, base, mapped); err != nil {
+			if err := p.watchInjected(pid, base); err != nil {
 				return err
 			}
 			fd, err := p.memoryIn(s, t, libc)
@@ -225,24 +211,21 @@ func (p *Preload) Detach() error {
 
 // watchInjected lets the kernel's syscall tracepoint, when there is one,
 // read the injected library's per-thread state, as it does the preloaded
-// one's: its uprobe on the library's announcement must be placed on the
-// file the process mapped, which for a library an earlier attach loaded
-// is removed, and reached through /proc/PID/map_files.
-func (p *Preload) watchInjected(pid int, lib string, base uint64, mapped string) error {
+// one's: its uprobe on the library's announcement is placed on the memory
+// file the process mapped, through /proc/PID/map_files.
+func (p *Preload) watchInjected(pid int, base uint64) error {
 	if p.sys == nil || p.sysWatched {
 		return nil
 	}
-	path := lib
-	if mapped != lib {
-		maps, err := symbolize.ReadMaps(pid)
-		if err != nil {
-			return err
-		}
-		if m, ok := maps.Find(base); ok {
-			path = fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End)
-		}
+	maps, err := symbolize.ReadMaps(pid)
+	if err != nil {
+		return err
 	}
-	if err := p.sys.WatchShim(path, shimReady); err != nil {
+	m, ok := maps.Find(base)
+	if !ok {
+		return fmt.Errorf("pid %d: the recorder library's mapping is gone", pid)
+	}
+	if err := p.sys.WatchShim(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End), shimReady); err != nil {
 		return err
 	}
 	p.sysWatched = true
@@ -253,21 +236,67 @@ type unsafeError struct{ why string }
 
 func (e *unsafeError) Error() string { return e.why }
 
-// writeInjected writes the injected build next to the preloaded one.
-func (p *Preload) writeInjected() (string, error) {
+// injectedFile is the injected library's name: the memory file it is
+// loaded from is called so (maps show "/memfd:NAME"), and the content
+// hash in it tells a process that has this very build loaded already.
+func injectedFile() string {
 	sum := sha256.Sum256(Injected)
-	path := filepath.Join(p.dir, injectName+hex.EncodeToString(sum[:6])+".so")
-	if _, err := os.Stat(path); err == nil {
-		return path, nil
+	return injectName + hex.EncodeToString(sum[:6]) + ".so"
+}
+
+// loadLibrary has thread t load the injected library from a memory file
+// it makes and hooktrace fills: no file is left behind, and the process
+// finds it whatever its mount namespace (a container's) or user.
+func loadLibrary(s *inject.Stopped, t *inject.Thread, libc libcFuncs) error {
+	fd, f, err := memfdIn(s, t, libc, injectedFile())
+	if err != nil {
+		return err
 	}
-	if err := os.WriteFile(path, Injected, 0o555); err != nil {
-		return "", fmt.Errorf("writing the recorder library: %w", err)
+	_, err = f.Write(Injected)
+	f.Close()
+	if err != nil {
+		s.Call(t, libc.close, fd)
+		return fmt.Errorf("writing the recorder library into pid %d: %w", s.PID(), err)
 	}
-	// The target may run as another user, who must read the file.
-	if err := os.Chmod(p.dir, 0o755); err != nil {
-		return "", err
+	at, err := s.PushString(t, fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return err
 	}
-	return path, nil
+	// RTLD_NOW | RTLD_LOCAL: bound at once, and found by no later lookup
+	// of the program's.
+	h, err := s.Call(t, libc.dlopen, at, 2)
+	if err == nil && h == 0 {
+		err = errors.New(dlError(s, t, libc))
+	}
+	if _, cerr := s.Call(t, libc.close, fd); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("pid %d: loading the recorder library: %w", s.PID(), err)
+	}
+	return nil
+}
+
+// memfdIn has thread t make a memory file called name (close-on-exec),
+// and opens it through /proc; it returns the process's descriptor too.
+func memfdIn(s *inject.Stopped, t *inject.Thread, libc libcFuncs, name string) (uint64, *os.File, error) {
+	at, err := s.PushString(t, name)
+	if err != nil {
+		return 0, nil, err
+	}
+	fd, err := s.Call(t, libc.memfdCreate, at, 1)
+	if err != nil {
+		return 0, nil, fmt.Errorf("calling memfd_create in pid %d: %w", s.PID(), err)
+	}
+	if int32(fd) < 0 {
+		return 0, nil, fmt.Errorf("pid %d: memfd_create: errno %d", s.PID(), -int32(fd))
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", s.PID(), fd), os.O_RDWR, 0)
+	if err != nil {
+		s.Call(t, libc.close, fd)
+		return 0, nil, fmt.Errorf("opening pid %d's memory file: %w", s.PID(), err)
+	}
+	return fd, f, nil
 }
 
 // injectedSymbols are the offsets of the library's entry points.
@@ -301,10 +330,9 @@ func loadedInjected(pid int) (uint64, string) {
 	if err != nil {
 		return 0, ""
 	}
-	sum := sha256.Sum256(Injected)
-	want := injectName + hex.EncodeToString(sum[:6]) + ".so"
+	want := injectedFile()
 	for _, m := range maps {
-		if m.Offset == 0 && filepath.Base(m.Path) == want {
+		if m.Offset == 0 && strings.TrimPrefix(filepath.Base(m.Path), "memfd:") == want {
 			return m.Start, m.Path
 		}
 	}
@@ -358,23 +386,11 @@ type libcFuncs struct{ dlopen, dlerror, memfdCreate, close uint64 }
 // hooktrace's descriptors). This recorder's memory moves there, header
 // and all (its ring is still empty). Returns the process's descriptor.
 func (p *Preload) memoryIn(s *inject.Stopped, t *inject.Thread, libc libcFuncs) (uint64, error) {
-	name, err := s.PushString(t, "hooktrace-ring")
+	fd, f, err := memfdIn(s, t, libc, "hooktrace-ring")
 	if err != nil {
 		return 0, err
 	}
-	// MFD_CLOEXEC: a program it execs does not inherit it.
-	fd, err := s.Call(t, libc.memfdCreate, name, 1)
-	if err != nil {
-		return 0, fmt.Errorf("calling memfd_create in pid %d: %w", s.PID(), err)
-	}
-	if int32(fd) < 0 {
-		return 0, fmt.Errorf("pid %d: memfd_create: errno %d", s.PID(), -int32(fd))
-	}
-	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", s.PID(), fd), os.O_RDWR, 0)
-	if err == nil {
-		err = p.moveMemory(f)
-	}
-	if err != nil {
+	if err = p.moveMemory(f); err != nil {
 		s.Call(t, libc.close, fd)
 		return 0, fmt.Errorf("pid %d's shared memory: %w", s.PID(), err)
 	}
@@ -472,7 +488,7 @@ func unsafeWhere(s *inject.Stopped, sym *symbolize.Symbolizer, judge func(i int,
 // only returns through the wrapper, which may record into the memory of
 // an earlier attach, still mapped.
 func inLibrary(i int, obj string) string {
-	base := filepath.Base(obj)
+	base := strings.TrimPrefix(filepath.Base(obj), "memfd:")
 	if i <= 1 && (strings.HasPrefix(base, injectName) || strings.HasPrefix(base, "libhooktrace_preload")) {
 		return "inside the recorder library:"
 	}
