@@ -183,6 +183,11 @@ func (p *Preload) Detach() error {
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		err := inject.With(l.pid, func(s *inject.Stopped) error {
+			// An exec since replaced the image the library was in:
+			// nothing of it is left to restore.
+			if base, _ := loadedInjected(l.pid); base != l.base {
+				return nil
+			}
 			t, err := callingThread(s)
 			if err != nil {
 				return err

@@ -1,7 +1,8 @@
 // A long-running program to attach to: it reads commands on stdin, and
 // for each "phase N" runs a phase of known counts, then prints a checksum
 // line; "hold" starts a thread that waits on a condition variable until
-// "release" (each answers "held", "released"); "exit" ends it with
+// "release" (each answers "held", "released"); "exec" execs a shell that
+// says "execd" and then echoes the rest of stdin; "exit" ends it with
 // status 7. Between commands it is blocked in
 // read(2), as a server between requests is.
 //
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static pthread_mutex_t lock_a = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t lock_b = PTHREAD_MUTEX_INITIALIZER;
@@ -73,6 +75,10 @@ int main(void)
 	while (fgets(line, sizeof(line), stdin)) {
 		if (strncmp(line, "exit", 4) == 0)
 			return 7;
+		if (strncmp(line, "exec", 4) == 0) {
+			execl("/bin/sh", "sh", "-c", "echo execd; exec cat", (char *)NULL);
+			return 1;
+		}
 		if (strncmp(line, "hold", 4) == 0) {
 			pthread_create(&holder, NULL, hold, NULL);
 			pthread_mutex_lock(&hold_lock);

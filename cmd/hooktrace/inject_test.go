@@ -483,3 +483,24 @@ func TestAttachPreloadBlockedInWrapper(t *testing.T) {
 		t.Errorf("the target exited %d, want 7", code)
 	}
 }
+
+// TestAttachPreloadExec: a program that execs while attached leaves no
+// library to take out: the detach finds the new image (a shell, then
+// cat) without it and leaves it alone, and it runs on.
+func TestAttachPreloadExec(t *testing.T) {
+	c := startCommandTarget(t)
+	a := startAttach(t, c.pid(), "--recorder", "preload")
+	c.phase(100)
+	io.WriteString(c.in, "exec\n")
+	c.expect("execd")
+	io.WriteString(c.in, "echoed\n")
+	c.expect("echoed")
+	rep := a.stop(t)
+	checkPhaseCounts(t, "before the exec", rep.Stats.Calls, 100)
+	io.WriteString(c.in, "after the detach\n")
+	c.expect("after the detach")
+	c.in.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Errorf("cat after the detach: %v", err)
+	}
+}
