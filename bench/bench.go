@@ -32,6 +32,9 @@ const (
 	// Floor runs it behind hooktrace's gate with floor.c's counting-only
 	// program at hooktrace's probe sites.
 	Floor
+	// Attach starts it held before its phase and runs `hooktrace attach`
+	// on it; the phase starts once recording is on.
+	Attach
 )
 
 // Config is one way of running the workload. The list in Configs is the
@@ -47,7 +50,8 @@ type Config struct {
 	// valgrind; the configuration is unavailable when Wrap[0] is not
 	// installed.
 	Wrap []string
-	// Recorder is `hooktrace run --recorder`'s value (Hooktrace). A
+	// Recorder is `hooktrace run --recorder`'s value (Hooktrace), or
+	// attach's (Attach). A
 	// binary without the flag records with eBPF, so "ebpf" then runs
 	// without it, and any other recorder is unavailable.
 	Recorder string
@@ -75,6 +79,12 @@ func Configs() []Config {
 			Args: []string{"--mode", "aggregate"}, Default: true},
 		{Key: "preload-full", Name: "hooktrace preload recorder, full", Kind: Hooktrace, Recorder: "preload",
 			Args: []string{"--mode", "full"}},
+		// attach to the running workload before its phase: the preload
+		// recorder injected through ptrace, and eBPF probes.
+		{Key: "attach-preload", Name: "hooktrace attach, preload recorder injected, aggregate", Kind: Attach, Recorder: "preload",
+			Args: []string{"--mode", "aggregate"}, Default: true},
+		{Key: "attach-ebpf", Name: "hooktrace attach, eBPF, aggregate", Kind: Attach, Recorder: "ebpf",
+			Args: []string{"--mode", "aggregate"}, Default: true},
 		{Key: "floor", Name: "floor: counting uprobes at hooktrace's sites", Kind: Floor, Default: true},
 		{Key: "entry", Name: "floor at the functions' entries", Kind: Floor, AtEntry: true},
 		{Key: "tsan", Name: "TSan (-fsanitize=thread build)", Kind: Direct, TSan: true, Default: true},
@@ -204,8 +214,17 @@ func (r *Runner) Available(cfg Config) string {
 		}
 	case cfg.Kind == Hooktrace && cfg.Recorder != "ebpf" && !r.hasRecorders():
 		return fmt.Sprintf("this hooktrace has no --recorder flag, so no %s recorder", cfg.Recorder)
+	case cfg.Kind == Attach && !r.attachHasRecorders():
+		return "this hooktrace's attach has no --recorder flag"
 	}
 	return ""
+}
+
+// attachHasRecorders asks the binary under test whether `attach` takes
+// --recorder.
+func (r *Runner) attachHasRecorders() bool {
+	out, _ := exec.Command(r.Hooktrace, "attach", "--help").CombinedOutput()
+	return bytes.Contains(out, []byte("--recorder"))
 }
 
 // hasRecorders asks the binary under test whether `run` takes --recorder.
@@ -258,6 +277,14 @@ func (r *Runner) Run(cfg Config, round int, args []string) (Result, error) {
 		if res.Traced, res.Lost, res.Complete, res.Probe, err = readReport(report); err != nil {
 			return res, err
 		}
+	case Attach:
+		report := filepath.Join(dir, "report.json")
+		if err := r.runAttached(cfg, dir, report, argv); err != nil {
+			return res, err
+		}
+		if res.Traced, res.Lost, res.Complete, res.Probe, err = readReport(report); err != nil {
+			return res, err
+		}
 	case Floor:
 		hits, probe, err := runFloor(argv, cfg.AtEntry, r.Warn)
 		if err != nil {
@@ -276,6 +303,71 @@ func (r *Runner) Run(cfg Config, round int, args []string) (Result, error) {
 	}
 	res.Phase, res.CPU, res.Own = own.Phase, own.CPU, own.Calls
 	return res, nil
+}
+
+// runAttached starts argv held before its phase, attaches hooktrace to
+// it, lets the phase run once recording is on, and waits for both: attach
+// ends at the workload's exit, with its report written.
+func (r *Runner) runAttached(cfg Config, dir, report string, argv []string) error {
+	work := exec.Command(argv[0], argv[1:]...)
+	work.Env = append(os.Environ(), "WORKLOAD_HOLD=1")
+	hold, err := work.StdinPipe()
+	if err != nil {
+		return err
+	}
+	var workOut bytes.Buffer
+	work.Stdout, work.Stderr = &workOut, &workOut
+	if err := work.Start(); err != nil {
+		return err
+	}
+	defer hold.Close()
+	worked := make(chan error, 1)
+	go func() { worked <- work.Wait() }()
+	ready := filepath.Join(dir, "ready")
+	args := []string{"attach", "--pid", strconv.Itoa(work.Process.Pid), "--recorder", cfg.Recorder}
+	args = append(args, cfg.Args...)
+	args = append(args, "--hang-timeout", "0", "--ready-file", ready, "--fail-on", "none",
+		"-o", filepath.Join(dir, "trace.htr"), "--report", "json:"+report)
+	var stderr bytes.Buffer
+	ht := exec.Command(r.Hooktrace, args...)
+	ht.Stdout, ht.Stderr = &stderr, &stderr
+	if err := ht.Start(); err != nil {
+		work.Process.Kill()
+		return err
+	}
+	attached := make(chan error, 1)
+	go func() { attached <- ht.Wait() }()
+	fail := func(err error) error {
+		work.Process.Kill()
+		ht.Process.Kill()
+		<-worked
+		<-attached
+		return fmt.Errorf("hooktrace %s: %w\n%s", strings.Join(args, " "), err, tail(stderr.String()))
+	}
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		select {
+		case err := <-attached:
+			attached <- err
+			return fail(fmt.Errorf("ended before it was ready: %v", err))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if _, err := hold.Write([]byte("\n")); err != nil {
+		return fail(err)
+	}
+	if err := <-worked; err != nil {
+		worked <- err
+		return fail(fmt.Errorf("the workload: %w\n%s", err, tail(workOut.String())))
+	}
+	worked <- nil
+	if err := <-attached; err != nil {
+		attached <- err
+		return fail(err)
+	}
+	return nil
 }
 
 // tail is the end of a command's output, for an error message.

@@ -17,7 +17,7 @@ func TestSelect(t *testing.T) {
 		return strings.Join(k, ",")
 	}
 	all, err := Select("")
-	if err != nil || keys(all) != "untraced,aggregate,full,preload,floor,tsan,helgrind" {
+	if err != nil || keys(all) != "untraced,aggregate,full,preload,attach-preload,attach-ebpf,floor,tsan,helgrind" {
 		t.Errorf("defaults %q, %v", keys(all), err)
 	}
 	some, err := Select("entry, aggregate")

@@ -176,23 +176,12 @@ func Check(pid int) error {
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrPermission) {
-				return fmt.Errorf("reading pid %d's threads: %w%s", pid, err, ptraceHint())
+				return fmt.Errorf("reading pid %d's threads: %w%s", pid, err, proc.PtraceHint())
 			}
 			return fmt.Errorf("reading pid %d's threads: %w", pid, err)
 		}
 	}
 	return nil
-}
-
-// ptraceHint says what decides the right to read another process's
-// threads, where Yama restricts it.
-func ptraceHint() string {
-	b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
-	scope := strings.TrimSpace(string(b))
-	if err != nil || scope == "0" {
-		return " (only the process's own user, or one with CAP_SYS_PTRACE, may read it)"
-	}
-	return " (kernel.yama.ptrace_scope is " + scope + ": only the process's ancestors, or a user with CAP_SYS_PTRACE, may read it)"
 }
 
 // futex(2) commands a lock waiter blocks in (the private flag and clock

@@ -17,3 +17,10 @@ import _ "embed"
 //
 //go:embed libhooktrace_preload.so
 var Shim []byte
+
+// Injected is the build attach loads into a running process (dlopen,
+// through ptrace): the same recorder, with per-thread state small enough
+// for the static TLS a library loaded late may take.
+//
+//go:embed libhooktrace_inject.so
+var Injected []byte

@@ -24,6 +24,7 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 // The shared-memory layout of src/shm.h (TestShmLayout checks these
@@ -55,6 +56,7 @@ const (
 	shmFFollow    = 2
 	shmFSamples   = 4
 	shmFSyscalls  = 8
+	shmFDetached  = 16
 )
 
 // shimFD is the descriptor the target finds the shared memory at: the
@@ -91,6 +93,13 @@ type Preload struct {
 	sys      Syscalls
 	sysGroup [][]byte     // stack records waiting for their event
 	sysQueue []sysPending // read, not yet merged into the stream
+
+	// live is the running process the library was injected into
+	// (attach), until Detach; safeSym reads that process's objects for
+	// the safe-point check.
+	live       *injected
+	safeSym    *symbolize.Symbolizer
+	sysWatched bool // the tracepoint reads the injected library's state
 }
 
 // sysPending is a syscall event (with the records it names) waiting to be
@@ -233,6 +242,27 @@ func (p *Preload) writeShim() error {
 	return nil
 }
 
+// moveMemory makes f, sized and mapped as the memory New made, this
+// recorder's shared memory, with the same header; the ring must be empty.
+func (p *Preload) moveMemory(f *os.File) error {
+	if err := f.Truncate(int64(len(p.mem))); err != nil {
+		f.Close()
+		return fmt.Errorf("sizing the shared memory: %w", err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, len(p.mem), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("mapping the shared memory: %w", err)
+	}
+	// The magic last, as New writes it.
+	copy(mem[8:shmHeader], p.mem[8:shmHeader])
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[shmOffMagic])), shmMagic)
+	unix.Munmap(p.mem)
+	p.memfd.Close()
+	p.mem, p.ring, p.memfd = mem, mem[shmHeader:], f
+	return nil
+}
+
 func (p *Preload) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&p.mem[off])) }
 
 // Env returns environ with the library preloaded ahead of the user's own
@@ -351,22 +381,26 @@ func (p *Preload) Recorder() string { return "preload" }
 // Sites lists what the shim interposes.
 func (p *Preload) Sites() []events.ProbeSite {
 	var out []events.ProbeSite
+	lib := "libhooktrace_preload.so"
+	if p.live != nil {
+		lib = "libhooktrace_inject.so"
+	}
 	for _, f := range source.ProbeFuncs {
-		out = append(out, events.ProbeSite{Name: f.Name, Object: "libhooktrace_preload.so", Kind: "preload"})
+		out = append(out, events.ProbeSite{Name: f.Name, Object: lib, Kind: "preload"})
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",
 		"fork", "_Fork", "vfork", "execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle", "fexecve", "execveat",
 		"posix_spawn", "posix_spawnp", "_exit", "_Exit", "dlopen", "dlmopen"} {
-		out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload"})
+		out = append(out, events.ProbeSite{Name: name, Object: lib, Kind: "preload"})
 	}
 	if p.sys != nil {
-		out = append(out, events.ProbeSite{Name: shimReady, Object: "libhooktrace_preload.so", Kind: "uprobe"})
+		out = append(out, events.ProbeSite{Name: shimReady, Object: lib, Kind: "uprobe"})
 		out = append(out, p.sys.Sites()...)
 	} else {
 		// libc's memory wrappers, reached through the GOT slots the
 		// shim rewrites in every object but libc.
 		for _, name := range []string{"madvise", "munmap", "mmap", "mremap", "brk", "sbrk"} {
-			out = append(out, events.ProbeSite{Name: name, Object: "libhooktrace_preload.so", Kind: "preload-got"})
+			out = append(out, events.ProbeSite{Name: name, Object: lib, Kind: "preload-got"})
 		}
 	}
 	return out
@@ -416,6 +450,18 @@ func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) err
 		case <-stop:
 			// The target is gone (or tracing ends): one last pass, in
 			// which records a killed writer left unfinished are skipped.
+			// A live process the library was injected into stops
+			// recording first.
+			if p.live != nil {
+				if err := p.Detach(); err != nil {
+					p.opts.Warn(err.Error())
+				}
+				// Records under way when the threads were stopped.
+				time.Sleep(10 * time.Millisecond)
+				if _, err := p.drain(false); err != nil {
+					return err
+				}
+			}
 			stopped = true
 		case <-time.After(idle):
 			idle = min(2*idle, 20*time.Millisecond)
@@ -592,8 +638,14 @@ func (p *Preload) Seen() (threads, locks int64) {
 // Events is the number of event records handed out so far.
 func (p *Preload) Events() uint64 { return p.conv.Events() }
 
-// Close releases the shared memory and removes the library.
+// Close releases the shared memory and removes the library (a process
+// it was injected into keeps it, dormant).
 func (p *Preload) Close() error {
+	if p.live != nil {
+		if err := p.Detach(); err != nil {
+			p.opts.Warn(err.Error())
+		}
+	}
 	if p.mem != nil {
 		unix.Munmap(p.mem)
 		p.mem = nil

@@ -21,11 +21,11 @@ func TestShmLayout(t *testing.T) {
 #include <linux/types.h>
 #include "shm.h"
 int main(void) {
-	printf("%llu %d %s %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %zu %zu %zu\n",
+	printf("%llu %d %s %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %zu %zu %zu\n",
 		SHM_MAGIC, SHM_VERSION, SHM_ENV, SHM_NAME_ENV, SHM_OFF_ID, SHM_SLOTS, SHM_SLOT_OPS,
 		SHM_OFF_MAGIC, SHM_OFF_VERSION, SHM_OFF_TRACED, SHM_OFF_FLAGS, SHM_OFF_DATA_SIZE,
 		SHM_OFF_DATA, SHM_OFF_HEAD, SHM_OFF_TAIL, SHM_OFF_LOST, SHM_OFF_SHARED, SHM_OFF_SLOTS,
-		SHM_HEADER_BYTES, SHM_REC_HDR, SHM_KIND_PAD, SHM_F_FULL, SHM_F_FOLLOW, SHM_F_SAMPLES, SHM_F_SYSCALLS,
+		SHM_HEADER_BYTES, SHM_REC_HDR, SHM_KIND_PAD, SHM_F_FULL, SHM_F_FOLLOW, SHM_F_SAMPLES, SHM_F_SYSCALLS, SHM_F_DETACHED,
 		SHM_OFF_NPROBES, SHM_OFF_PROBES, SHM_PROBES, SHM_PROBE_BYTES,
 		offsetof(struct shm_probe, vaddr), offsetof(struct shm_probe, insn), sizeof(struct shm_probe));
 	return 0;
@@ -42,11 +42,11 @@ int main(void) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("%d %d %s %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d",
+	want := fmt.Sprintf("%d %d %s %s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d",
 		uint64(shmMagic), shmVersion, shmEnv, shmNameEnv, shmOffID, shmSlots, shmSlotOps,
 		shmOffMagic, shmOffVersion, shmOffTraced, shmOffFlags, shmOffSize,
 		shmOffData, shmOffHead, shmOffTail, shmOffLost, shmOffShared, shmOffSlots,
-		shmHeader, shmRecHdr, shmKindPad, shmFFull, shmFFollow, shmFSamples, shmFSyscalls,
+		shmHeader, shmRecHdr, shmKindPad, shmFFull, shmFFollow, shmFSamples, shmFSyscalls, shmFDetached,
 		shmOffNProbes, shmOffProbes, shmProbes, shmProbeBytes, 80, 96, shmProbeBytes)
 	if got := strings.TrimSpace(string(out)); got != want {
 		t.Errorf("C layout:\n  %s\nGo layout:\n  %s", got, want)

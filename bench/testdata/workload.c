@@ -16,6 +16,9 @@
  * all threads: a probe's kernel work counts, and it is steadier than wall
  * time on a loaded machine), and the calls it made itself in that phase,
  * under the names hooktrace counts them by. Exit 0, or 2 on bad arguments.
+ * With WORKLOAD_HOLD set in its environment it waits, once its threads
+ * are ready, for a line on stdin before the phase: the bench attaches to
+ * it then.
  *
  * These are the only calls to those functions after start-up: each thread
  * allocates once before the phase (its arena and tcache exist before it),
@@ -166,6 +169,13 @@ int main(int argc, char **argv)
 	 * back only after they are done. CPU time is the whole process's,
 	 * taken while the workers wait. */
 	struct rusage r0, r1;
+	if (getenv("WORKLOAD_HOLD")) {
+		/* Held until a line on stdin, every thread started and ready:
+		 * a tracer attaches to the running process meanwhile. */
+		char c;
+		while (read(0, &c, 1) == 1 && c != '\n')
+			;
+	}
 	getrusage(RUSAGE_SELF, &r0);
 	pthread_barrier_wait(&ready);
 	pthread_barrier_wait(&done);

@@ -31,9 +31,12 @@ func newAttachCmd() *cobra.Command {
 		Long: `attach traces a running process until Ctrl-C, SIGTERM, --duration or its
 exit, and prints the report on stdout. Hang detection watches it from the
 start: threads already blocked in a wait-for cycle of locks are reported
-at once, threads that block later after --hang-timeout. Without the right
-to load BPF programs, attach places no probes and watches for deadlocks
-only (it needs the right to ptrace the process, as a debugger does).`,
+at once, threads that block later after --hang-timeout. By default (--recorder auto) attach loads
+hooktrace's recorder library into the process, as a debugger calls a
+function in it, and records at user-space speed without privilege; where
+it cannot (a static or Go program, seccomp), it places eBPF probes. With
+neither, attach watches for deadlocks only. It needs the right to ptrace
+the process, as a debugger does.`,
 		Example: `  hooktrace attach --pid 1234 --duration 30s -o live.htr`,
 		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -44,6 +47,8 @@ only (it needs the right to ptrace the process, as a debugger does).`,
 		},
 	}
 	f.register(c)
+	c.Flags().StringVar(&f.recorder, "recorder", recorderAuto,
+		"ebpf: uprobes (needs root or CAP_BPF+CAP_PERFMON); preload: the recorder library loaded into the process through ptrace, unprivileged; auto: preload where it can, else ebpf")
 	c.Flags().IntVarP(&pid, "pid", "p", 0, "the process to trace")
 	c.Flags().DurationVarP(&duration, "duration", "d", 0, "stop after this long (0: until Ctrl-C or the target exits)")
 	return c
@@ -161,11 +166,15 @@ type placing struct {
 func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
 	placed := make(chan placing, 1)
 	cancel := make(chan struct{})
+	// Read before the goroutine: opening the recorder settles the flag.
+	injecting := a.s.flags.recorder != recorderEBPF
 	go func() {
 		// Threads that may already be deadlocked are diagnosed first: the
 		// BPF loader's work would slow that down. Without the privileges
 		// for it, the recorder fails at once and says why.
-		if proc.MayLoadBPF() {
+		// Injecting the recorder stops the threads, which must not be
+		// deadlocked already either.
+		if proc.MayLoadBPF() || injecting {
 			select {
 			case <-a.hang.settled():
 			case <-cancel:
@@ -173,23 +182,31 @@ func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
 				return
 			}
 		}
-		tr, err := openRecorder(a.s.flags, opts)
-		if err == nil {
-			if err = tr.Attach(a.pid, ""); err != nil {
-				tr.Close()
-				tr = nil
-			}
+		select {
+		case <-cancel:
+			placed <- placing{}
+			return
+		default:
 		}
+		tr, err := a.openAttached(opts, cancel)
 		placed <- placing{tr, err}
 	}()
 	// Attach ends before the probes are live: they are closed once placed.
 	abandon := func(why string) error {
 		close(cancel)
-		go func() {
+		closePlaced := func() {
 			if p := <-placed; p.tr != nil {
 				p.tr.Close()
 			}
-		}()
+		}
+		if !injecting {
+			go closePlaced()
+		} else {
+			// A library being loaded into the process must be finished
+			// with, and taken out again, before hooktrace exits: a
+			// thread left in the middle of a call would crash it.
+			closePlaced()
+		}
 		return a.s.startUnrecorded(why)
 	}
 	select {

@@ -69,6 +69,9 @@ func attachHung(t *testing.T, cmd *exec.Cmd, asRoot bool) *analyzer.Finding {
 		stdout.WriteString(out)
 		stderr.WriteString(errs)
 	} else {
+		// eBPF, which nobody may not use: hang detection alone watches
+		// (auto would load the preload recorder instead).
+		args = append(args, "--recorder", "ebpf")
 		c := asNobody(t, hooktraceBin, append([]string{hooktraceBin}, args...)...)
 		c.Stdout, c.Stderr = &stdout, &stderr
 		var ee *exec.ExitError

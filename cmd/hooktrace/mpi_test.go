@@ -264,7 +264,11 @@ func TestOpenMPIJob(t *testing.T) {
 				checkMPIReport(t, what, rep)
 				checkHook(t, what, rep, cfg.hookLock, cfg.hookPath)
 			}
-			t.Run("attach", func(t *testing.T) { mpiAttach(t, mpirun, cfg.mca, prog, check) })
+			// auto as root: the preload recorder injected, plus the
+			// syscall tracepoint; then eBPF's uprobes, for the same
+			// hook findings.
+			t.Run("attach", func(t *testing.T) { mpiAttach(t, mpirun, cfg.mca, prog, "auto", check) })
+			t.Run("attach-ebpf", func(t *testing.T) { mpiAttach(t, mpirun, cfg.mca, prog, "ebpf", check) })
 			t.Run("run", func(t *testing.T) { mpiRun(t, mpirun, cfg.mca, prog, check) })
 		})
 	}
@@ -272,7 +276,7 @@ func TestOpenMPIJob(t *testing.T) {
 
 // mpiAttach starts the job playing until told to stop on its stdin,
 // attaches to rank 0 for 2 s, then stops the job.
-func mpiAttach(t *testing.T, mpirun string, mca []string, prog string, check func(*testing.T, string, *mpiReport)) {
+func mpiAttach(t *testing.T, mpirun string, mca []string, prog, recorder string, check func(*testing.T, string, *mpiReport)) {
 	cmd := exec.Command(mpirun, mpirunArgs(mca, prog, "30", "stdin")...)
 	cmd.Env = mpiEnv()
 	stdin, err := cmd.StdinPipe()
@@ -304,7 +308,7 @@ func mpiAttach(t *testing.T, mpirun string, mca []string, prog string, check fun
 	}
 	trace := filepath.Join(t.TempDir(), "attach.htr")
 	report, stderrA, code := hooktrace(t, nil, "attach", "--pid", fmt.Sprint(pid), "--duration", "2s",
-		"--format", "json", "--fail-on", "none", "-o", trace)
+		"--format", "json", "--fail-on", "none", "-o", trace, "--recorder", recorder)
 	// Stop the job whatever attach did, and check it.
 	io.WriteString(stdin, "stop\n")
 	stdin.Close()
@@ -321,6 +325,10 @@ func mpiAttach(t *testing.T, mpirun string, mca []string, prog string, check fun
 		t.Logf("attach's stderr:\n%s", s)
 	}
 	rep := readMPIReport(t, []byte(report), "attach")
+	want := map[string]string{"auto": "preload+sys_enter", "ebpf": "ebpf"}[recorder]
+	if len(rep.Stats.Traces) != 1 || rep.Stats.Traces[0].Recorder != want {
+		t.Errorf("attach --recorder %s: traces %+v, want one recorded by %s", recorder, rep.Stats.Traces, want)
+	}
 	checkNoLoss(t, "attach to rank 0", rep)
 	check(t, "attach to rank 0", rep)
 }

@@ -29,3 +29,14 @@ func ThreadName(pid, tid int) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// PtraceHint says what decides the right to ptrace or read another
+// process's threads, where Yama restricts it; it starts with a space.
+func PtraceHint() string {
+	b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+	scope := strings.TrimSpace(string(b))
+	if err != nil || scope == "0" {
+		return " (only the process's own user, or one with CAP_SYS_PTRACE, may read it)"
+	}
+	return " (kernel.yama.ptrace_scope is " + scope + ": only the process's ancestors, or a user with CAP_SYS_PTRACE, may read it)"
+}

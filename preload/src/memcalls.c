@@ -118,18 +118,17 @@ static const struct memcall {
 	{"sbrk", (void *)wrap_sbrk, (void **)&real.sbrk, 0},
 };
 
-/* Whether the page at addr is writable now, from /proc/self/maps (read
- * without allocating). Full RELRO makes a GOT read-only once, after its
- * object is relocated: a page seen writable is one the loader may still be
- * writing, and must not be made read-only under it. -1 when unknown. */
-static int page_writable(__u64 addr)
+/* The mapping of /proc/self/maps that holds addr (read without
+ * allocating): its bounds and whether it is writable now. Returns 0 when
+ * unknown. */
+static int find_mapping(__u64 addr, __u64 *lo_out, __u64 *hi_out, int *writable)
 {
 	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return -1;
+		return 0;
 	char buf[4096];
 	size_t have = 0;
-	int found = -1;
+	int found = 0;
 	for (;;) {
 		ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
 		if (n <= 0)
@@ -145,12 +144,15 @@ static int page_writable(__u64 addr)
 			for (p++; *p && *p != ' '; p++)
 				hi = hi * 16 + (__u64)(*p <= '9' ? *p - '0' : (*p | 0x20) - 'a' + 10);
 			if (addr >= lo && addr < hi && p + 2 < nl) {
-				found = p[2] == 'w';
+				*lo_out = lo;
+				*hi_out = hi;
+				*writable = p[2] == 'w';
+				found = 1;
 				break;
 			}
 			line = nl + 1;
 		}
-		if (found >= 0)
+		if (found)
 			break;
 		have = (size_t)(buf + have - line);
 		memmove(buf, line, have);
@@ -159,6 +161,17 @@ static int page_writable(__u64 addr)
 	}
 	close(fd);
 	return found;
+}
+
+/* Whether the page at addr is writable now. Full RELRO makes a GOT
+ * read-only once, after its object is relocated: a page seen writable is
+ * one the loader may still be writing, and must not be made read-only
+ * under it. -1 when unknown. */
+static int page_writable(__u64 addr)
+{
+	__u64 lo, hi;
+	int w;
+	return find_mapping(addr, &lo, &hi, &w) ? w : -1;
 }
 
 /* Whether a lies in a segment of info's object of type (PT_LOAD: the
@@ -175,15 +188,15 @@ static int in_segment(struct dl_phdr_info *info, __u64 a, __u32 type)
 	return 0;
 }
 
-/* Stores v in the GOT slot at slot, through a read-only (RELRO) page if
- * need be, restoring its protection. A slot outside RELRO (lazy binding's
- * .got.plt) is writable as the object was loaded: the maps are read only
- * for one inside. */
-static int write_slot(struct dl_phdr_info *info, __u64 slot, __u64 v)
+/* Stores v in the GOT slot at slot, through a read-only page if need be
+ * (relro: the slot lies in the object's RELRO segment), restoring its
+ * protection. A slot outside RELRO (lazy binding's .got.plt) is writable
+ * as the object was loaded: the maps are read only for one inside. */
+static int store_slot(__u64 slot, __u64 v, int relro)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	void *pg = (void *)(slot & ~(__u64)(page - 1));
-	int w = in_segment(info, slot, PT_GNU_RELRO) ? page_writable(slot) : 1;
+	int w = relro ? page_writable(slot) : 1;
 	if (w < 0)
 		return 0;
 	if (w) {
@@ -197,26 +210,31 @@ static int write_slot(struct dl_phdr_info *info, __u64 slot, __u64 v)
 	return 1;
 }
 
+static int write_slot(struct dl_phdr_info *info, __u64 slot, __u64 v)
+{
+	return store_slot(slot, v, in_segment(info, slot, PT_GNU_RELRO));
+}
+
 /* An address of the object's own (a lazily bound slot points at its PLT). */
 static int in_object(struct dl_phdr_info *info, __u64 a)
 {
 	return in_segment(info, a, PT_LOAD);
 }
 
-static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
+/* Calls slot(info, address of the slot, symbol name, data) for each
+ * R_X86_64_JUMP_SLOT of info's object that names a symbol the object does
+ * not define (an executable's canonical PLT entry, whose address the
+ * program took, is left alone). */
+static void each_jump_slot(struct dl_phdr_info *info, void (*slot)(struct dl_phdr_info *, __u64, const char *, void *),
+			   void *data)
 {
 	__u64 base = info->dlpi_addr;
-	/* Not libc (whose own calls are direct anyway), the loader, the vDSO
-	 * or the shim itself. */
-	if (in_object(info, (__u64)real.madvise) || in_object(info, (__u64)gnu_get_libc_version) || base == getauxval(AT_BASE) ||
-	    base == getauxval(AT_SYSINFO_EHDR) || in_object(info, (__u64)patch_object))
-		return 0;
 	const ElfW(Dyn) *dyn = NULL;
 	for (int i = 0; i < info->dlpi_phnum; i++)
 		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
 			dyn = (const ElfW(Dyn) *)(base + info->dlpi_phdr[i].p_vaddr);
 	if (!dyn)
-		return 0;
+		return;
 	__u64 jmprel = 0, pltrelsz = 0, symtab = 0, strtab = 0, pltrel = 0;
 	for (; dyn->d_tag != DT_NULL; dyn++) {
 		switch (dyn->d_tag) {
@@ -238,7 +256,7 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 		}
 	}
 	if (!jmprel || !symtab || !strtab || pltrel != DT_RELA)
-		return 0;
+		return;
 	/* The loader relocated these in place; an executable at 0 needs no
 	 * relocation. */
 	if (jmprel < base)
@@ -249,31 +267,60 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 		if (ELF64_R_TYPE(r[i].r_info) != R_X86_64_JUMP_SLOT)
 			continue;
 		const ElfW(Sym) *sym = &syms[ELF64_R_SYM(r[i].r_info)];
-		/* A symbol the object defines (an executable's canonical PLT
-		 * entry, whose address the program took) is left alone. */
 		if (sym->st_shndx != SHN_UNDEF || sym->st_value != 0)
 			continue;
-		const char *name = (const char *)strtab + sym->st_name;
-		for (size_t k = 0; k < sizeof(memcalls) / sizeof(memcalls[0]); k++) {
-			if (strcmp(name, memcalls[k].name) != 0)
-				continue;
-			if ((cfg_flags & SHM_F_SYSCALLS) && !memcalls[k].ends_locks)
-				break;
-			__u64 slot = base + r[i].r_offset;
-			__u64 cur = __atomic_load_n((__u64 *)slot, __ATOMIC_ACQUIRE);
-			if (cur == (__u64)memcalls[k].wrapper)
-				break;
-			/* libc's function, or the object's own PLT (bound lazily,
-			 * not yet called): anything else is a runtime's. */
-			if (cur == (__u64)*memcalls[k].real || (cur && in_object(info, cur)))
-				write_slot(info, slot, (__u64)memcalls[k].wrapper);
-			break;
-		}
+		slot(info, base + r[i].r_offset, (const char *)strtab + sym->st_name, data);
 	}
+}
+
+/* Whether the GOT slot at slot, of info's object, holds what the program
+ * bound name to (real) or is not bound yet (lazy binding: it points at
+ * the object's own PLT): anything else is a runtime's redirection, left
+ * alone. */
+static int slot_unredirected(struct dl_phdr_info *info, __u64 slot, void *real_fn)
+{
+	__u64 cur = __atomic_load_n((__u64 *)slot, __ATOMIC_ACQUIRE);
+	return cur == (__u64)real_fn || (cur && in_object(info, cur));
+}
+
+static void patch_memcall(struct dl_phdr_info *info, __u64 slot, const char *name, void *data)
+{
+	for (size_t k = 0; k < sizeof(memcalls) / sizeof(memcalls[0]); k++) {
+		if (strcmp(name, memcalls[k].name) != 0)
+			continue;
+		if ((cfg_flags & SHM_F_SYSCALLS) && !memcalls[k].ends_locks)
+			return;
+		if (__atomic_load_n((__u64 *)slot, __ATOMIC_ACQUIRE) == (__u64)memcalls[k].wrapper)
+			return;
+		if (slot_unredirected(info, slot, *memcalls[k].real))
+			write_slot(info, slot, (__u64)memcalls[k].wrapper);
+		return;
+	}
+}
+
+/* Whether info's object is libc (whose own calls are direct anyway), the
+ * loader, the vDSO or the shim itself. */
+static int is_libc(struct dl_phdr_info *info)
+{
+	return in_object(info, (__u64)real.madvise) || in_object(info, (__u64)gnu_get_libc_version);
+}
+
+static int not_patched(struct dl_phdr_info *info)
+{
+	__u64 base = info->dlpi_addr;
+	return base == getauxval(AT_BASE) || base == getauxval(AT_SYSINFO_EHDR) || in_object(info, (__u64)each_jump_slot);
+}
+
+static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	if (is_libc(info) || not_patched(info))
+		return 0;
+	each_jump_slot(info, patch_memcall, NULL);
 	return 0;
 }
 
 static void arm_probes(void);
+static int inject_patch_object(struct dl_phdr_info *info, size_t size, void *data);
 static int patch_lock;
 
 /* The objects loaded so far: their memory calls and the probes in them.
@@ -283,7 +330,7 @@ static void instrument_objects(void)
 	while (__atomic_exchange_n(&patch_lock, 1, __ATOMIC_ACQUIRE))
 		__builtin_ia32_pause();
 	if (real.madvise)
-		dl_iterate_phdr(patch_object, NULL);
+		dl_iterate_phdr(INJECTED ? inject_patch_object : patch_object, NULL);
 	arm_probes();
 	__atomic_store_n(&patch_lock, 0, __ATOMIC_RELEASE);
 }

@@ -66,9 +66,9 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 			t->nshadow--;
 			break;
 		}
-	if (t->nshadow == SHADOW_MAX)
+	if (t->nshadow == SHADOW_SLOTS)
 		shadow_prune(t);
-	if (t->nshadow < SHADOW_MAX) {
+	if (t->nshadow < SHADOW_SLOTS) {
 		t->shadow[t->nshadow++] = (struct shadow){sp, *(__u64 *)sp, pr->index};
 		*(__u64 *)sp = (__u64)probe_exit_stub;
 	} else {
@@ -400,6 +400,9 @@ static void exec_event(struct tstate *t)
  * thread's exit is recorded at exit() or _exit(). */
 __attribute__((constructor)) static void shim_init(void)
 {
+#ifdef HOOKTRACE_INJECT
+	return; /* hooktrace_attach starts it */
+#endif
 	struct tstate *t = enter();
 	if (t) {
 		instrument_objects();

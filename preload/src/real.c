@@ -98,7 +98,15 @@ static size_t boot_size(const void *p)
 	return *(const size_t *)((const char *)p - BOOT_HDR);
 }
 
-#define RESOLVE(field, name) real.field = dlsym(RTLD_NEXT, name)
+/* Preloaded, the next definition after the shim's; injected (loaded
+ * locally by dlopen, after every binding was made), the one the program's
+ * own references bound to. */
+#ifdef HOOKTRACE_INJECT
+#define REAL_SCOPE RTLD_DEFAULT
+#else
+#define REAL_SCOPE RTLD_NEXT
+#endif
+#define RESOLVE(field, name) real.field = dlsym(REAL_SCOPE, name)
 
 static void resolve_real(void)
 {

@@ -15,6 +15,8 @@ static void count_call(struct tstate *t, __u32 op)
 
 /* Sets up a thread's state for this process: its TID (one syscall per
  * thread), its counter slot. */
+static int find_mapping(__u64 addr, __u64 *lo_out, __u64 *hi_out, int *writable);
+
 static void thread_init(struct tstate *t)
 {
 	int saved = errno, guard = t->guard;
@@ -36,8 +38,17 @@ static void thread_init(struct tstate *t)
 			span = rl.rlim_cur;
 		t->stack_hi = (__u64)__libc_stack_end;
 		t->stack_lo = t->stack_hi - span;
+	} else if (INJECTED) {
+		/* A thread that was running before the library was (an
+		 * injected attach): its stack is the mapping that holds sp. */
+		__u64 lo, hi;
+		int w;
+		if (find_mapping((__u64)__builtin_frame_address(0), &lo, &hi, &w) && w) {
+			t->stack_hi = hi;
+			t->stack_lo = lo;
+		}
 	}
-	t->inited = 1;
+	t->inited = shim_gen;
 	errno = saved;
 }
 
@@ -59,7 +70,7 @@ static __attribute__((noinline, cold)) struct tstate *enter_slow(struct tstate *
 	if (!active)
 		return NULL;
 	t->guard = 1;
-	if (!t->inited)
+	if (t->inited != shim_gen)
 		thread_init(t);
 	if (first)
 		exec_event(t);
@@ -73,7 +84,7 @@ HOT struct tstate *enter(void)
 	struct tstate *t = &ts;
 	if (t->guard)
 		return NULL;
-	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2 || forking || !t->inited))
+	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2 || forking || t->inited != shim_gen))
 		return enter_slow(t);
 	if (!active)
 		return NULL;
@@ -89,7 +100,7 @@ HOT struct tstate *enter_op(__u32 op)
 {
 	struct tstate *t = &ts;
 	if (unlikely(t->guard)) {
-		if (t->inited && active && !resolving && !vf.child)
+		if (t->inited == shim_gen && active && !resolving && !vf.child)
 			count_call(t, op);
 		return NULL;
 	}

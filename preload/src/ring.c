@@ -97,7 +97,7 @@ static unsigned char *ring_reserve(__u32 len, __u64 *pos_out)
 		if (head + pad + need - tail > size) {
 			/* Full: wait for the reader, boundedly; a reader that never
 			 * comes back (hooktrace killed) must not hang the target. */
-			if (reader_stalled || waited > 20000)
+			if (reader_stalled || waited > 20000 || (*H32(SHM_OFF_FLAGS) & SHM_F_DETACHED))
 				return NULL;
 			waited++;
 			if (waited < 64) {

@@ -47,7 +47,21 @@
 /* The hot path of every interposer: what a call that is only counted runs. */
 #define HOT static inline __attribute__((always_inline))
 #define MAX_HELD 8
+/* The injected build (HOOKTRACE_INJECT, inject.c) is loaded into a running
+ * process by dlopen, where initial-exec TLS must fit in the static TLS
+ * block's surplus (about 1.5 KiB with glibc's defaults): its per-thread
+ * caches are smaller. */
+#ifdef HOOKTRACE_INJECT
+#define PATTERN_CACHE 16 /* a power of two */
+#define SHADOW_SLOTS 8
+#define VFORK_LEVELS 2
+#define INJECTED 1
+#else
+#define INJECTED 0
 #define PATTERN_CACHE 64 /* a power of two */
+#define SHADOW_SLOTS 32
+#define VFORK_LEVELS 8
+#endif
 
 /* The shim is one translation unit, so that its hot path inlines across
  * what each part owns; the parts are included here, in this order. */
@@ -60,3 +74,4 @@
 #include "procs.c"
 #include "memcalls.c"
 #include "probes.c"
+#include "inject.c"

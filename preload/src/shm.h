@@ -70,6 +70,9 @@ struct shm_probe {
  * shim leaves the GOT slots of libc's memory wrappers alone, so no call is
  * recorded twice. */
 #define SHM_F_SYSCALLS 8
+/* The reader detached (attach ended): a writer finding the ring full
+ * drops its record at once instead of waiting for room. */
+#define SHM_F_DETACHED 16
 
 /* Every ring record starts with this, 16-byte aligned; the body (a record
  * of hooktrace.h) follows. seq is stored last, with release order: the

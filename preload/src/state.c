@@ -9,6 +9,10 @@ static __u32 cfg_flags;
 static __u32 my_pid;
 static int active;             /* this process records */
 static int init_state;         /* 0 not yet, 1 in progress, 2 done */
+/* A thread's state is for the recording it was set up in (tstate.inited):
+ * each attach of the injected build starts a new one, in a new shared
+ * memory. */
+static int shim_gen = 1;
 static int glibc_free;         /* free is glibc's: its chunk headers may be read */
 static __u64 sample_seq;       /* sample ids */
 static __u64 chain_keys[1 << 16]; /* the chain cache: pattern -> stack */
@@ -76,7 +80,7 @@ struct held_lock {
 
 struct tstate {
 	int guard;   /* inside the shim: forward unrecorded */
-	int inited;  /* for this process (a fork starts again) */
+	int inited;  /* shim_gen it was set up in, 0 for none (a fork starts again) */
 	/* The thread's TID and allocator call, which the kernel's sys_enter
 	 * tracepoint reads too (hooktrace_shim_ready). */
 	struct shim_alloc_state shared;
@@ -95,13 +99,12 @@ struct tstate {
 	__u64 cache_key[PATTERN_CACHE];
 	__u64 cache_stack[PATTERN_CACHE];
 	/* Return addresses of probed functions, swapped for the exit stub. */
-#define SHADOW_MAX 32
 	__u32 nshadow;
 	struct shadow {
 		__u64 slot; /* where on the stack */
 		__u64 ret;  /* what was there */
 		__u32 index;
-	} shadow[SHADOW_MAX];
+	} shadow[SHADOW_SLOTS];
 };
 
 static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
@@ -111,7 +114,6 @@ static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
  * parent, and the child records nothing until it execs or exits (child is
  * set meanwhile). One level per vfork under way (a child may vfork too):
  * where the call returns to, and the state to give back to the parent. */
-#define VFORK_LEVELS 8
 static __thread struct {
 	int child;
 	__u32 depth;
@@ -329,6 +331,10 @@ static int init_process(void)
 	if (!real.malloc)
 		resolve_real();
 	const char *fd_entry = env_entry(SHM_ENV), *name_entry = env_entry(SHM_NAME_ENV);
+#ifdef HOOKTRACE_INJECT
+	/* Injected: hooktrace_attach names the memory, not the environment. */
+	fd_entry = name_entry = NULL;
+#endif
 	if (find_shm(fd_entry, name_entry)) {
 		ring = shm + *H64(SHM_OFF_DATA);
 		ring_mask = *H64(SHM_OFF_DATA_SIZE) - 1;
@@ -339,7 +345,7 @@ static int init_process(void)
 		if (active)
 			announce_shared();
 	}
-	glibc_free = real.free && real.free == dlsym(RTLD_NEXT, "__libc_free");
+	glibc_free = real.free && real.free == dlsym(REAL_SCOPE, "__libc_free");
 	errno = saved;
 	__atomic_store_n(&init_state, 2, __ATOMIC_RELEASE);
 	return 1;
