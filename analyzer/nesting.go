@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/funcname"
 )
 
 // Rule forbids Inner from running while Outer is on the same thread's
@@ -14,14 +15,18 @@ type Rule struct {
 	Inner string
 }
 
-// ParseRule parses "OUTER>INNER".
+// ParseRule parses "OUTER>INNER". The names may be C++ names as a
+// debugger prints them: the rule is split at the one '>' outside their
+// balanced <> and ().
 func ParseRule(text string) (Rule, error) {
-	outer, inner, ok := strings.Cut(text, ">")
-	outer, inner = strings.TrimSpace(outer), strings.TrimSpace(inner)
-	if !ok || outer == "" || inner == "" || strings.Contains(inner, ">") {
+	parts, balanced := funcname.SplitTop(text, '>')
+	if !balanced {
+		return Rule{}, errors.New("forbid rule " + quote(text) + ": want OUTER>INNER (its <> or () do not balance)")
+	}
+	if len(parts) != 2 || strings.TrimSpace(parts[0]) == "" || strings.TrimSpace(parts[1]) == "" {
 		return Rule{}, errors.New("forbid rule " + quote(text) + ": want OUTER>INNER")
 	}
-	return Rule{Outer: outer, Inner: inner}, nil
+	return Rule{Outer: strings.TrimSpace(parts[0]), Inner: strings.TrimSpace(parts[1])}, nil
 }
 
 func (r Rule) String() string { return r.Outer + ">" + r.Inner }
@@ -44,13 +49,13 @@ type nestSighting struct {
 func (a *Analyzer) checkNesting(t *thread, e *events.Event, name string) {
 	var st *events.Stack
 	for ri, r := range a.rules {
-		if r.Inner != name {
+		if !funcname.Match(r.Inner, name, "") {
 			continue
 		}
 		var outerStack *events.Stack
 		found := false
 		for i := len(t.probes) - 1; i >= 0; i-- {
-			if t.probes[i].name == r.Outer {
+			if funcname.Match(r.Outer, t.probes[i].name, "") {
 				found = true
 				outerStack = t.stream.stack(t.probes[i].stack)
 				break
@@ -93,7 +98,7 @@ func stackHasFunction(st *events.Stack, fn string) bool {
 	}
 	// The first frame is the probed function itself.
 	for i := 1; i < len(st.Frames); i++ {
-		if baseFunction(st.Frames[i].Function) == fn {
+		if funcname.Match(fn, st.Frames[i].Function, "") {
 			return true
 		}
 	}
