@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/funcname"
 	"github.com/hooktrace/hooktrace/tracer/placement"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -181,15 +182,15 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			if o == nil {
 				continue
 			}
-			sym, err := o.Func(name)
+			syms, err := o.Funcs(name)
 			if err != nil {
 				if object != "" {
 					return nil, fmt.Errorf("--probe %s: %w", spec, err)
 				}
 				continue
 			}
-			plan = append(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
-				Object: path, Obj: o, File: via[path], Sym: sym, UserIdx: i})
+			plan = appendUserSites(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
+				Object: path, Obj: o, File: via[path], UserIdx: i}, syms, warn)
 			found = true
 			break
 		}
@@ -204,12 +205,12 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			if o == nil {
 				return nil, fmt.Errorf("--probe %s: %s cannot be read", spec, object)
 			}
-			sym, err := o.Func(name)
+			syms, err := o.Funcs(name)
 			if err != nil {
 				return nil, fmt.Errorf("--probe %s: %w", spec, err)
 			}
-			plan = append(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
-				Object: path, Obj: o, File: via[path], Sym: sym, UserIdx: i})
+			plan = appendUserSites(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
+				Object: path, Obj: o, File: via[path], UserIdx: i}, syms, warn)
 			found = true
 		}
 		if !found {
@@ -236,6 +237,26 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 		s.Live = liveAddress(maps, s.Object, s.Sym.Offset)
 	}
 	return plan, nil
+}
+
+// appendUserSites adds a --probe site for each of syms, the function and
+// the clones gcc made of it, and says which were probed when there are
+// several: a caller may enter only a clone.
+func appendUserSites(plan []Site, site Site, syms []symbolize.Symbol, warn func(string)) []Site {
+	names := make([]string, 0, len(syms))
+	clones := false
+	for _, sym := range syms {
+		site.Sym = sym
+		plan = append(plan, site)
+		names = append(names, fmt.Sprintf("%s (0x%x)", sym.Mangled, sym.Value))
+		if base, _ := funcname.Clone(sym.Mangled); base != sym.Mangled {
+			clones = true
+		}
+	}
+	if clones {
+		warn(fmt.Sprintf("--probe %s: gcc's copies of it are probed in %s: %s", site.Fn.Name, filepath.Base(site.Object), strings.Join(names, ", ")))
+	}
+	return plan
 }
 
 // searchOrder lists the objects whose symbols pid will use, in the
