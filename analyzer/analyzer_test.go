@@ -488,7 +488,7 @@ func TestSeverityThreshold(t *testing.T) {
 
 func TestParseRule(t *testing.T) {
 	r, err := ParseRule(" progress > user_callback ")
-	if err != nil || r != (Rule{"progress", "user_callback"}) || r.String() != "progress>user_callback" {
+	if err != nil || r != (Rule{Outer: "progress", Inner: "user_callback"}) || r.String() != "progress>user_callback" {
 		t.Errorf("%v %v", r, err)
 	}
 	// C++ names as a debugger prints them: split at the top-level '>'.

@@ -193,6 +193,9 @@ func (a *Analyzer) nestingFindings() []Finding {
 		}
 		detail := "The rule " + s.rule.String() + " says " + s.rule.Inner + " must never run while " + s.rule.Outer +
 			" is on the same thread's stack."
+		if s.rule.Why != "" {
+			detail += " Why: " + strings.TrimSuffix(s.rule.Why, ".") + "."
+		}
 		if s.inAlloc {
 			detail += " It ran inside an allocator call."
 		}

@@ -301,7 +301,7 @@ func (p *Preload) Attach(pid int, exe string) error {
 // probeWarn passes on what planning says about the --probe functions
 // (which clones are probed); the rest concerns uprobes the shim does not use.
 func (p *Preload) probeWarn(msg string) {
-	if p.opts.Warn != nil && strings.HasPrefix(msg, "--probe ") {
+	if p.opts.Warn != nil && (strings.HasPrefix(msg, "--probe ") || strings.HasPrefix(msg, source.MissingRulePrefix)) {
 		p.opts.Warn(msg)
 	}
 }

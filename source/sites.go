@@ -172,6 +172,7 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 		}
 	}
 	for i, spec := range userProbes {
+		spec, optional := strings.CutPrefix(spec, OptionalProbe)
 		name, object, _ := strings.Cut(spec, "@")
 		found := false
 		for _, path := range objs {
@@ -213,6 +214,10 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 				Object: path, Obj: o, File: via[path], UserIdx: i}, syms, warn)
 			found = true
 		}
+		if !found && optional {
+			warn(fmt.Sprintf("%s%s is not a function of %s: the rules on it are not checked", MissingRulePrefix, name, objs[0]))
+			continue
+		}
 		if !found {
 			if object != "" && !strings.Contains(object, "/") {
 				return nil, fmt.Errorf("--probe %s: %w in %s (a library loaded later with dlopen is named by its path: %s@/path/to/%s)",
@@ -238,6 +243,14 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 	}
 	return plan, nil
 }
+
+// OptionalProbe starts a user probe a rule pack asks for: a program
+// without the function is not checked against the rules on it, and that is
+// no error. The warning saying so starts with MissingRulePrefix.
+const (
+	OptionalProbe     = "?"
+	MissingRulePrefix = "--rules: "
+)
 
 // appendUserSites adds a --probe site for each of syms, the function and
 // the clones gcc made of it, and says which were probed when there are

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
+	"github.com/hooktrace/hooktrace/rules"
 	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
 )
@@ -28,6 +30,8 @@ type traceFlags struct {
 	followForks bool
 	probes      []string
 	forbid      []string
+	rules       []string      // --rules: pack names or files
+	packs       []*rules.Pack // loaded from rules by userProbes
 	ringSize    string
 	noSamples   bool
 	format      string
@@ -48,6 +52,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
 	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; a library loaded later with dlopen by its path; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
+	fl.StringArrayVar(&f.rules, "rules", nil, "check a rule pack: upcxx (built in: UPC++ progress levels) or a rules file in the same format (docs/rules.md); repeatable")
 	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K to 1G (K, M and G suffixes)")
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
 	fl.StringVarP(&f.format, "format", "f", "text", formatHelp)
@@ -59,7 +64,8 @@ func (f *traceFlags) register(c *cobra.Command) {
 
 // userProbes is --probe plus both sides of every --forbid rule, read by
 // the analyzer's own parser so that run, attach and analyze accept the
-// same rules.
+// same rules, plus the INNER side of every --rules pack's rules, which a
+// program may lack (source.OptionalProbe).
 func (f *traceFlags) userProbes() ([]string, error) {
 	out := append([]string(nil), f.probes...)
 	have := map[string]bool{}
@@ -78,7 +84,51 @@ func (f *traceFlags) userProbes() ([]string, error) {
 			}
 		}
 	}
+	f.packs, err = loadPacks(f.rules)
+	if err != nil {
+		return nil, err
+	}
+	for _, pk := range f.packs {
+		for _, p := range pk.Inners() {
+			if !have[p] {
+				have[p] = true
+				out = append(out, source.OptionalProbe+p)
+			}
+		}
+	}
 	return out, nil
+}
+
+// forbidSpecs are the rules the trace's header records: --forbid's and
+// the packs', with their reasons, so that analyze checks them again.
+func (f *traceFlags) forbidSpecs() []string {
+	out := slices.Clone(f.forbid)
+	for _, pk := range f.packs {
+		for _, r := range pk.Rules {
+			out = append(out, r.Spec())
+		}
+	}
+	return out
+}
+
+// warn logs what the recorder says. A pack's function missing from the
+// program is a warning when the pack says what its absence means (an
+// optimised build), and otherwise only a debug message: most programs use
+// a few of the functions a pack knows.
+func (f *traceFlags) warn(msg string) {
+	if strings.HasPrefix(msg, source.MissingRulePrefix) {
+		for _, pk := range f.packs {
+			for fn, why := range pk.Missing {
+				if strings.HasPrefix(msg, source.MissingRulePrefix+fn+" ") {
+					slog.Warn(msg + ": " + why)
+					return
+				}
+			}
+		}
+		slog.Debug(msg)
+		return
+	}
+	slog.Warn(msg)
 }
 
 // session is one tracing run: the tracer, the trace file, the live status.
@@ -130,7 +180,7 @@ func prepareSession(f *traceFlags) (*session, source.Options, error) {
 		RingBytes:   ring,
 		NoSamples:   f.noSamples,
 		UserProbes:  probes,
-		Warn:        func(s string) { slog.Warn(s) },
+		Warn:        f.warn,
 	}
 	s := &session{flags: f}
 	s.header = events.Header{
@@ -143,7 +193,7 @@ func prepareSession(f *traceFlags) (*session, source.Options, error) {
 		StartNS:    proc.Now(),
 		Mode:       f.mode,
 		UserProbes: probes,
-		Forbid:     f.forbid,
+		Forbid:     f.forbidSpecs(),
 	}
 	return s, opts, nil
 }

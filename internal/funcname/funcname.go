@@ -58,8 +58,8 @@ func operatorAt(s string, i int) bool {
 	return strings.HasSuffix(strings.TrimRight(s[:j], " "), "operator")
 }
 
-// Normalize spells a name the one way Match compares: no spaces but the
-// ones between two identifier characters, and no "@version".
+// Normalize spells a name the one way Match compares: no spaces but one
+// before a word that follows a word or a type, and no "@version".
 func Normalize(name string) string {
 	name = strings.TrimSpace(name)
 	if i := strings.IndexByte(name, '@'); i > 0 {
@@ -76,7 +76,9 @@ func Normalize(name string) string {
 			for j < len(name) && (name[j] == ' ' || name[j] == '\t') {
 				j++
 			}
-			if i > 0 && j < len(name) && isIdent(name[i-1]) && isIdent(name[j]) {
+			// A space stays before a word that follows a word or a
+			// type ("unsigned long", "future<int> ns::f", "(int) const").
+			if i > 0 && j < len(name) && (isIdent(name[i-1]) || strings.IndexByte(">)*&", name[i-1]) >= 0) && isIdent(name[j]) {
 				b.WriteByte(' ')
 			}
 			i = j - 1
@@ -184,7 +186,13 @@ func Match(want, got, demangled string) bool {
 	fn, _ := Params(d)
 	// A template function's demangled name starts with its return type,
 	// and its template arguments may be left out.
-	for _, f := range []string{fn, withoutTemplateArgs(fn)} {
+	forms := []string{fn, withoutTemplateArgs(fn)}
+	if !strings.Contains(want, "<") {
+		// "upcxx::atomic_domain::fetch_add" names every instance of
+		// upcxx::atomic_domain<T>::fetch_add<...>.
+		forms = append(forms, withoutAnyTemplateArgs(fn))
+	}
+	for _, f := range forms {
 		if f == want || strings.HasSuffix(f, " "+want) {
 			return true
 		}
@@ -211,4 +219,29 @@ func withoutTemplateArgs(name string) string {
 		}
 	}
 	return name
+}
+
+// withoutAnyTemplateArgs drops every template argument list of a name:
+// "R<int> ns::C<T>::f<2>" is "R ns::C::f".
+func withoutAnyTemplateArgs(name string) string {
+	if !strings.Contains(name, "<") {
+		return name
+	}
+	var b strings.Builder
+	depth := 0
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '<' && !operatorAt(name, i):
+			depth++
+			continue
+		case c == '>' && depth > 0 && !operatorAt(name, i):
+			depth--
+			continue
+		}
+		if depth == 0 {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }

@@ -77,6 +77,9 @@ func TestMatch(t *testing.T) {
 		{"upcxx::progress", "x", "upcxx::progress(upcxx::progress_level)", true},
 		{"upcxx::progress", "x", "upcxx::progress(upcxx::progress_level) [clone .cold]", false},
 		{"A::operator()", "x", "A::operator()(int) const", true},
+		{"upcxx::atomic_domain::fetch_add", "x", "upcxx::future<int> upcxx::atomic_domain<int>::fetch_add<upcxx::completions<> >(upcxx::global_ptr<int, (upcxx::memory_kind)1>, int, std::memory_order, upcxx::completions<>) const", true},
+		{"upcxx::rput", "x", "upcxx::detail::completions_returner<upcxx::detail::event_is_here, upcxx::operation_cx_event>::return_t upcxx::rput<int, upcxx::completions<> >(int, upcxx::global_ptr<int, (upcxx::memory_kind)1>, upcxx::completions<>)", true},
+		{"upcxx::rput", "x", "upcxx::rput_strided<int>(int)", false},
 	} {
 		if got := Match(c.want, c.got, c.demangled); got != c.match {
 			t.Errorf("Match(%q, %q, %q) = %v, want %v", c.want, c.got, c.demangled, got, c.match)
