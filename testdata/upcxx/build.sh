@@ -6,6 +6,7 @@
 #   PREFIX  install prefix (default: $UPCXX_PREFIX, else
 #           /var/cache/hooktrace/upcxx-2020.10.0); a finished install there
 #           (its .hooktrace-built stamp) is reused, so a second run is instant.
+#           UPC++'s own test programs are copied to PREFIX/test.
 #
 # The source tarball is $UPCXX_SOURCE, else the first
 # upcxx-2020.10.0-src.tar.gz a bounded search of the file system finds; its
@@ -20,7 +21,7 @@ PREFIX=${1:-${UPCXX_PREFIX:-/var/cache/hooktrace/upcxx-2020.10.0}}
 JOBS=${JOBS:-$(nproc)}
 STAMP=$PREFIX/.hooktrace-built
 
-if [[ -f $STAMP ]]; then
+if [[ -f $STAMP && -f $PREFIX/test/rput.cpp ]]; then
 	echo "upcxx: cached in $PREFIX"
 	exit 0
 fi
@@ -40,18 +41,29 @@ if [[ $got != "$SHA256" ]]; then
 	exit 1
 fi
 
-for tool in gcc g++ make python3 perl; do
-	command -v "$tool" >/dev/null || { echo "upcxx: $tool is needed to build UPC++" >&2; exit 1; }
-done
+# UPC++'s own test programs, which the tests build against the install.
+copy_tests() {
+	local tmp
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/upcxx-test.XXXXXX")
+	tar xzf "$src" -C "$tmp" upcxx-2020.10.0/test
+	rm -rf "$PREFIX/test"
+	mv "$tmp/upcxx-2020.10.0/test" "$PREFIX/test"
+	rm -rf "$tmp"
+}
 
 mkdir -p "$(dirname "$PREFIX")"
 # One build at a time: a second caller waits for the first and reuses it.
 exec 9>"$PREFIX.lock"
 flock 9
 if [[ -f $STAMP ]]; then
+	[[ -f $PREFIX/test/rput.cpp ]] || copy_tests
 	echo "upcxx: cached in $PREFIX"
 	exit 0
 fi
+
+for tool in gcc g++ make python3 perl; do
+	command -v "$tool" >/dev/null || { echo "upcxx: $tool is needed to build UPC++" >&2; exit 1; }
+done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/upcxx-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -64,7 +76,7 @@ cd "$work/build"
 	--with-python="$(command -v python3)" --with-default-network=smp \
 	--disable-mpi --disable-mpi-compat --disable-ibv --disable-ofi --disable-ucx
 make -j"$JOBS" all
-rm -rf "$PREFIX"
 make install
+copy_tests
 echo "$SHA256" >"$STAMP"
 echo "upcxx: installed in $PREFIX ($(du -sh "$PREFIX" | cut -f1))"
