@@ -146,6 +146,9 @@ func (a *Analyzer) Add(r *events.Record) {
 		a.cur.lost += r.Lost.Count
 	case events.RecFooter:
 		a.cur.footer = r.Footer
+		if r.Footer != nil {
+			a.cur.ranks = r.Footer.Ranks
+		}
 	}
 	a.cur.seen = true
 }
@@ -312,6 +315,7 @@ func (a *Analyzer) Result() *Result {
 	for _, st := range a.streams {
 		res.Findings = append(res.Findings, st.hangFindings()...)
 	}
+	a.fillSeen(res.Findings)
 	res.Stats = a.stats(names)
 	res.Graph = a.graph(names, cycles.edgeFindings, misused)
 	res.Sort()

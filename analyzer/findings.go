@@ -207,8 +207,9 @@ func (a *Analyzer) nestingFindings() []Finding {
 			Detail:      detail,
 			Locks:       []string{},
 			Edges:       []Edge{e},
-			Threads:     []uint32{s.tid},
+			Threads:     s.where.threads(),
 			Occurrences: s.count,
+			Seen:        s.where.list(),
 		})
 	}
 	return out

@@ -54,6 +54,7 @@ type nestSighting struct {
 	stack      *events.Stack
 	inAlloc    bool
 	count      uint64
+	where      seenCounts
 }
 
 // checkNesting runs when a probed function is entered: a rule is broken
@@ -85,6 +86,7 @@ func (a *Analyzer) checkNesting(t *thread, e *events.Event, name string) {
 		}
 		if n := a.nestings[ri]; n != nil {
 			n.count++
+			n.where.add(t.stream, t.pid, t.tid, 1)
 			continue
 		}
 		if st == nil {
@@ -99,7 +101,9 @@ func (a *Analyzer) checkNesting(t *thread, e *events.Event, name string) {
 			stack:      st,
 			inAlloc:    e.Flags&events.FlagInAlloc != 0,
 			count:      1,
+			where:      seenCounts{},
 		}
+		n.where.add(t.stream, t.pid, t.tid, 1)
 		a.nestings[ri] = n
 		a.nestList = append(a.nestList, n)
 	}

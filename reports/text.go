@@ -294,7 +294,18 @@ func (p *printer) finding(n int, f *analyzer.Finding, verdict string) error {
 		p.wrapped(in, "guard:   ", "every path holds "+f.Gate+" (a guarded cycle: not a deadlock while that holds)")
 	}
 	if f.Occurrences > 1 {
-		p.line("%sseen:    %d times", in, f.Occurrences)
+		seen := fmt.Sprintf("%d times", f.Occurrences)
+		if f.Merged != "" {
+			seen += ", " + f.Merged
+		}
+		p.line("%sseen:    %s", in, seen)
+	}
+	for i, l := range f.SeenText() {
+		label := "         "
+		if i == 0 {
+			label = "in:      "
+		}
+		p.wrapped(in, label, l)
 	}
 	if f.Detail != "" {
 		p.wrapped(in, "why:     ", f.Detail)
