@@ -65,6 +65,11 @@ for tool in gcc g++ make python3 perl; do
 	command -v "$tool" >/dev/null || { echo "upcxx: $tool is needed to build UPC++" >&2; exit 1; }
 done
 
+# upcxx-run's interpreter: the system's, which every user can run (a
+# python3 found first on root's PATH may live in its home).
+python=/usr/bin/python3
+[[ -x $python ]] || python=$(command -v python3)
+
 work=$(mktemp -d "${TMPDIR:-/tmp}/upcxx-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 echo "upcxx: building from $src in $work, installing into $PREFIX"
@@ -73,7 +78,7 @@ mkdir -p "$work/build"
 cd "$work/build"
 "$work/upcxx-2020.10.0/configure" --prefix="$PREFIX" \
 	--with-cc="$(command -v gcc)" --with-cxx="$(command -v g++)" \
-	--with-python="$(command -v python3)" --with-default-network=smp \
+	--with-python="$python" --with-default-network=smp \
 	--disable-mpi --disable-mpi-compat --disable-ibv --disable-ofi --disable-ucx
 make -j"$JOBS" all
 make install

@@ -2,7 +2,7 @@
 // meant to make internal-level progress only, but waits on a future with
 // future::wait(), which makes user-level progress and may run an incoming
 // RPC before the segment it checks is registered. Rank 1 sends rank 0
-// RPCs all along. With "fixed", verify_segment makes internal-level
+// RPCs before it answers. With "fixed", verify_segment makes internal-level
 // progress only and returns the future, which its caller waits on once the
 // segment is ready: the RPCs run then.
 //
@@ -27,7 +27,16 @@ static void on_incoming_rpc(int n) {
 // Progress level: internal (by its documentation). It checks the
 // segment with a round trip to the other rank.
 __attribute__((noinline)) upcxx::future<int> verify_segment(upcxx::global_ptr<int> seg, bool fixed) {
-	upcxx::future<int> f = upcxx::rpc(1, [](upcxx::global_ptr<int> p) { return int(p.is_null()); }, seg);
+	upcxx::future<int> f = upcxx::rpc(
+	    1,
+	    [](upcxx::global_ptr<int> p) {
+		    // Rank 1 has RPCs of its own for rank 0, sent before the
+		    // reply: rank 0 sees them first.
+		    for (int i = 0; i < 4; i++)
+			    upcxx::rpc_ff(0, on_incoming_rpc, i);
+		    return int(p.is_null());
+	    },
+	    seg);
 	if (fixed) {
 		upcxx::progress(upcxx::progress_level::internal);
 		return f;
@@ -48,10 +57,6 @@ int main(int argc, char **argv) {
 	}
 	upcxx::global_ptr<int> seg = upcxx::new_array<int>(16);
 	upcxx::barrier();
-	if (upcxx::rank_me() == 1) {
-		for (int i = 0; i < 4; i++)
-			upcxx::rpc_ff(0, on_incoming_rpc, i);
-	}
 	if (upcxx::rank_me() == 0) {
 		upcxx::future<int> f = verify_segment(seg, fixed);
 		segment_ready = true;

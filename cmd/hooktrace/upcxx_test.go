@@ -1,0 +1,236 @@
+//go:build linux && amd64
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hooktrace/hooktrace/internal/funcname"
+	"github.com/hooktrace/hooktrace/internal/testenv"
+)
+
+// These tests trace programs built with the real UPC++ 2020.10.0 runtime
+// (make upcxx builds it once into a cache; CI runs it before the tests),
+// run with 2 ranks on the smp conduit, where rank 0 forks rank 1.
+
+// upcxxPrefix is the cached UPC++ install. Under CI a missing install is
+// built (from the tarball testdata/upcxx/build.sh finds), and fails the
+// test if it cannot be; elsewhere the test is skipped with the command.
+func upcxxPrefix(t *testing.T) string {
+	t.Helper()
+	prefix := os.Getenv("UPCXX_PREFIX")
+	if prefix == "" {
+		prefix = "/var/cache/hooktrace/upcxx-2020.10.0"
+	}
+	built := func() bool {
+		_, err1 := os.Stat(filepath.Join(prefix, ".hooktrace-built"))
+		_, err2 := os.Stat(filepath.Join(prefix, "test", "rput.cpp"))
+		return err1 == nil && err2 == nil
+	}
+	if built() {
+		return prefix
+	}
+	if !testenv.CI() {
+		testenv.Unavailable(t, "UPC++ is not built in %s: run make upcxx (once, about 13 minutes)", prefix)
+	}
+	cmd := exec.Command(filepath.Join(testenv.RepoRoot(t), "testdata", "upcxx", "build.sh"), prefix)
+	if out, err := cmd.CombinedOutput(); err != nil || !built() {
+		t.Fatalf("building UPC++: %v\n%s", err, out)
+	}
+	return prefix
+}
+
+// upcxxProgram builds src with UPC++'s debug codemode for network. With
+// include set, that directory's upcxx/ headers replace the install's (a
+// variant of the runtime: most of UPC++ is templates in its headers).
+func upcxxProgram(t *testing.T, prefix, src, network, include string) string {
+	t.Helper()
+	meta := func(what string) string {
+		cmd := exec.Command(filepath.Join(prefix, "bin", "upcxx-meta"), what)
+		cmd.Env = append(os.Environ(), "UPCXX_CODEMODE=debug", "UPCXX_NETWORK="+network, "UPCXX_THREADMODE=seq")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("upcxx-meta %s: %v", what, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	cxx := meta("CXX")
+	flags := strings.Fields(meta("CXXFLAGS"))
+	pp := strings.Fields(meta("PPFLAGS"))
+	if include != "" {
+		installed := filepath.Join(prefix, "upcxx.debug.gasnet_seq."+network, "include")
+		for i, f := range pp {
+			if f == "-I"+installed {
+				pp[i] = "-I" + include
+			}
+		}
+	}
+	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".cpp"))
+	args := append(append(append(flags, pp...), "-I", filepath.Join(prefix, "test"), src, "-o", out),
+		append(strings.Fields(meta("LDFLAGS")), strings.Fields(meta("LIBFLAGS"))...)...)
+	if b, err := exec.Command(cxx, args...).CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", src, err, b)
+	}
+	return out
+}
+
+// upcxxRun runs argv under upcxx-run with 2 ranks; cmd, when not nil,
+// is how (as another user). A run that hangs is killed after a while, so
+// that a test fails instead of waiting for ever.
+func upcxxRun(t *testing.T, prefix string, wrap func(argv ...string) *exec.Cmd, argv ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	full := append([]string{filepath.Join(prefix, "bin", "upcxx-run"), "-n", "2"}, argv...)
+	var cmd *exec.Cmd
+	if wrap != nil {
+		cmd = wrap(full...)
+	} else {
+		cmd = exec.Command(full[0], full[1:]...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && cmd.Process != nil {
+			cmd.Process.Kill()
+		}
+	}()
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Join(prefix, "bin")+":"+os.Getenv("PATH"))
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("upcxx-run: %v", err)
+	}
+	return o.String(), e.String(), code
+}
+
+// upcxxFinding is a finding as the JSON report gives it, with where it
+// was seen.
+type upcxxFinding struct {
+	finding
+	Occurrences int    `json:"occurrences"`
+	Merged      string `json:"merged"`
+	Seen        []struct {
+		PID     uint32 `json:"pid"`
+		Rank    *int   `json:"rank"`
+		Count   int    `json:"count"`
+		Threads []struct {
+			TID uint32 `json:"tid"`
+		} `json:"threads"`
+	} `json:"seen"`
+}
+
+func upcxxFindings(t *testing.T, report string) []upcxxFinding {
+	t.Helper()
+	var r struct {
+		Findings []upcxxFinding `json:"findings"`
+	}
+	if err := json.Unmarshal([]byte(report), &r); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, report)
+	}
+	return r.Findings
+}
+
+// stackMatches reports whether edge i's stack has each of fns, in that
+// order from the innermost frame, as C++ names match (with or without
+// parameters and template arguments).
+func stackMatches(f finding, i int, fns ...string) bool {
+	if i >= len(f.Edges) {
+		return false
+	}
+	next := 0
+	for _, fr := range f.Edges[i].Stack {
+		if next < len(fns) && funcname.Match(fns[next], fr.Function, "") {
+			next++
+		}
+	}
+	return next == len(fns)
+}
+
+func nestingsOf(fs []upcxxFinding) []upcxxFinding {
+	var out []upcxxFinding
+	for _, f := range fs {
+		if f.Kind == "forbidden-nesting" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// The rule of issue 572, with verify_segment as the debugger names it.
+const rule572 = "verify_segment(upcxx::global_ptr<int, (upcxx::memory_kind)1>, bool)>upcxx::detail::persona_tls::burst_user"
+
+// TestUPCXX572: verify_segment, internal-level by its documentation, waits
+// with future::wait while rank 1 sends rank 0 RPCs: user-level progress
+// (burst_user) runs inside it and the RPCs run before the segment is
+// ready. Caught under every recorder and unprivileged, with the stack a
+// user reads; the fixed twin is quiet.
+func TestUPCXX572(t *testing.T) {
+	testenv.RequireBPF(t)
+	prefix := upcxxPrefix(t)
+	prog := upcxxProgram(t, prefix, filepath.Join(testenv.RepoRoot(t), "testdata", "upcxx", "progress572.cpp"), "smp", "")
+	if out, _, code := upcxxRun(t, prefix, nil, prog); code != 0 || !strings.Contains(out, "rpcs 4, early 4") {
+		t.Fatalf("untraced: exit %d, %q", code, out)
+	}
+	type run struct {
+		name   string
+		nobody bool
+	}
+	for _, r := range []run{{"ebpf", false}, {"preload", false}, {"auto", false}, {"preload", true}} {
+		name := r.name
+		if r.nobody {
+			name += "-nobody"
+		}
+		t.Run(name, func(t *testing.T) {
+			for _, fixed := range []bool{false, true} {
+				report, read := nobodyReport(t)
+				argv := []string{hooktraceBin, "run", "--recorder", r.name, "--follow-forks", "--fail-on", "none",
+					"--forbid", rule572, "--report", "json:" + report, "--", prog}
+				want := "rpcs 4, early 4"
+				if fixed {
+					argv = append(argv, "fixed")
+					want = "rpcs 4, early 0"
+				}
+				var wrap func(argv ...string) *exec.Cmd
+				if r.nobody {
+					wrap = func(argv ...string) *exec.Cmd { return asNobody(t, prog, argv...) }
+				}
+				out, stderr, code := upcxxRun(t, prefix, wrap, argv...)
+				if code != 0 || !strings.Contains(out, want) {
+					t.Fatalf("fixed=%v: exit %d, stdout %q, want %q\n%s", fixed, code, out, want, stderr)
+				}
+				nest := nestingsOf(upcxxFindings(t, read()))
+				if fixed {
+					if len(nest) != 0 {
+						t.Errorf("fixed: want no finding, got %v", nest)
+					}
+					continue
+				}
+				if len(nest) != 1 {
+					t.Fatalf("want 1 forbidden-nesting finding, got %v\n%s", nest, stderr)
+				}
+				f := nest[0]
+				if !stackMatches(f.finding, 0, "upcxx::detail::persona_tls::burst_user", "upcxx::progress",
+					"upcxx::detail::future_wait_upcxx_progress_user::operator()", "verify_segment", "main") {
+					t.Errorf("stack where burst_user ran:\n%v", f.finding)
+				}
+				// Only rank 0 runs verify_segment.
+				if len(f.Seen) != 1 || f.Seen[0].Count != f.Occurrences || f.Occurrences < 1 {
+					t.Errorf("seen %+v, %d occurrences: want all in one process", f.Seen, f.Occurrences)
+				}
+			}
+		})
+	}
+}
