@@ -139,6 +139,7 @@ type session struct {
 	sink   *sess.Sink
 	status *statusLine
 	hang   *events.Hang // the deadlock hang detection found, if any
+	ranks  *jobRanks    // which process was which rank, for the footer
 }
 
 func newSession(f *traceFlags) (*session, error) {
@@ -231,7 +232,11 @@ func (s *session) start() (*sess.Reading, error) {
 	}
 	s.sink = sink
 	s.status = newStatusLine(s.tr)
-	reading, err := sess.Record(s.tr, s.sink.Add)
+	s.ranks = newJobRanks(os.Getenv)
+	reading, err := sess.Record(s.tr, func(r *events.Record) error {
+		s.ranks.observe(r)
+		return s.sink.Add(r)
+	})
 	if err != nil {
 		sink.Abandon()
 		return nil, err
@@ -263,6 +268,9 @@ func (s *session) finish(reason string, exit *int, signal string) (*events.Foote
 	foot.ExitStatus, foot.ExitSignal = exit, signal
 	foot.Reason = reason
 	foot.Hang = s.hang
+	if s.ranks != nil {
+		foot.Ranks = s.ranks.ranks(s.header.PID)
+	}
 	err := s.sink.Close(foot)
 	if s.tr != nil {
 		s.tr.Close()

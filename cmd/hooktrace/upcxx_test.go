@@ -234,3 +234,114 @@ func TestUPCXX572(t *testing.T) {
 		})
 	}
 }
+
+// upcxxVariant copies the installed UPC++ headers for the smp conduit
+// and seeds a progress-level violation in them: rput, whose progress level
+// is internal (spec §8.2.1), makes user-level progress, the progress
+// future::wait makes. It returns the include directory.
+func upcxxVariant(t *testing.T, prefix string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "include")
+	src := filepath.Join(prefix, "upcxx.debug.gasnet_seq.smp", "include")
+	if out, err := exec.Command("cp", "-r", src, dir).CombinedOutput(); err != nil {
+		t.Fatalf("copying the headers: %v\n%s", err, out)
+	}
+	path := filepath.Join(dir, "upcxx", "rput.hpp")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// In both of rput's overloads (by value, and from a buffer).
+	const at = "traits_t::template assert_sane<T>();\n"
+	if n := bytes.Count(b, []byte(at)); n != 2 {
+		t.Fatalf("%s: %d places to seed the violation at, want rput's 2", path, n)
+	}
+	b = bytes.ReplaceAll(b, []byte(at), []byte(at+"    upcxx::progress(upcxx::progress_level::user); // seeded violation\n"))
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestUPCXXRulesPack: UPC++'s own tests run unharmed (output and exit
+// status) and quiet under --rules upcxx, where user-level progress is
+// probed; a runtime variant whose rput makes user-level progress is
+// caught in both ranks, each listed with its count.
+func TestUPCXXRulesPack(t *testing.T) {
+	testenv.RequireBPF(t)
+	prefix := upcxxPrefix(t)
+	const notProbed = "upcxx::detail::persona_tls::burst_user is not a function"
+	traced := func(t *testing.T, rec, prog string) (string, []upcxxFinding, string, int) {
+		report := filepath.Join(t.TempDir(), "report.json")
+		out, stderr, code := upcxxRun(t, prefix, nil, hooktraceBin, "run", "--recorder", rec, "--follow-forks",
+			"--fail-on", "none", "--rules", "upcxx", "--report", "json:"+report, "--", prog)
+		b, err := os.ReadFile(report)
+		if err != nil {
+			t.Fatalf("no report (exit %d): %v\n%s", code, err, stderr)
+		}
+		if strings.Contains(stderr, notProbed) {
+			t.Errorf("user-level progress was not probed:\n%s", stderr)
+		}
+		return out, upcxxFindings(t, string(b)), stderr, code
+	}
+	for _, c := range []struct {
+		name string
+		recs []string
+	}{
+		{"rpc_ff_ring", []string{"preload", "ebpf"}},
+		{"rput", []string{"preload"}},
+		{"atomics", []string{"preload"}},
+		{"dist_object", []string{"preload"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			prog := upcxxProgram(t, prefix, filepath.Join(prefix, "test", c.name+".cpp"), "smp", "")
+			want, _, wantCode := upcxxRun(t, prefix, nil, prog)
+			if !strings.Contains(want, "Test result: SUCCESS") {
+				t.Fatalf("untraced: exit %d\n%s", wantCode, want)
+			}
+			for _, rec := range c.recs {
+				out, fs, stderr, code := traced(t, rec, prog)
+				if code != wantCode || !strings.Contains(out, "Test result: SUCCESS") {
+					t.Errorf("%s: exit %d (untraced %d), output:\n%s\n%s", rec, code, wantCode, out, stderr)
+				}
+				if n := nestingsOf(fs); len(n) != 0 {
+					t.Errorf("%s: the runtime broke no progress level, yet: %v", rec, n)
+				}
+			}
+		})
+	}
+	t.Run("seeded", func(t *testing.T) {
+		prog := upcxxProgram(t, prefix, filepath.Join(prefix, "test", "rput.cpp"), "smp", upcxxVariant(t, prefix))
+		for _, rec := range []string{"preload", "ebpf"} {
+			out, fs, stderr, code := traced(t, rec, prog)
+			if code != 0 || !strings.Contains(out, "Test result: SUCCESS") {
+				t.Errorf("%s: exit %d, output:\n%s\n%s", rec, code, out, stderr)
+			}
+			nest := nestingsOf(fs)
+			if len(nest) != 1 || nest[0].Title != "forbidden nesting: upcxx::detail::persona_tls::burst_user ran inside upcxx::rput" {
+				t.Fatalf("%s: want burst_user inside upcxx::rput, got %v", rec, nest)
+			}
+			f := nest[0]
+			if !stackMatches(f.finding, 0, "upcxx::detail::persona_tls::burst_user", "upcxx::progress", "upcxx::rput", "main") {
+				t.Errorf("%s: stack:\n%v", rec, f.finding)
+			}
+			// Both ranks call rput: both processes, with their counts.
+			total := 0
+			for _, sn := range f.Seen {
+				total += sn.Count
+				if sn.Count == 0 || len(sn.Threads) == 0 {
+					t.Errorf("%s: seen %+v", rec, sn)
+				}
+			}
+			if len(f.Seen) != 2 || total != f.Occurrences || f.Merged != "merged from 2 ranks" {
+				t.Errorf("%s: seen %+v, merged %q, %d occurrences: want both ranks", rec, f.Seen, f.Merged, f.Occurrences)
+			}
+			// Rank 0 is the process upcxx-run started, which forked rank 1.
+			for i, sn := range f.Seen {
+				if sn.Rank == nil || *sn.Rank != i {
+					t.Errorf("%s: process %d is rank %v, want %d", rec, sn.PID, sn.Rank, i)
+				}
+			}
+		}
+	})
+}
