@@ -54,9 +54,15 @@ func upcxxPrefix(t *testing.T) string {
 // variant of the runtime: most of UPC++ is templates in its headers).
 func upcxxProgram(t *testing.T, prefix, src, network, include string) string {
 	t.Helper()
+	return upcxxBuild(t, prefix, src, "debug", network, include)
+}
+
+// upcxxBuild is upcxxProgram in codemode (debug or opt).
+func upcxxBuild(t *testing.T, prefix, src, codemode, network, include string) string {
+	t.Helper()
 	meta := func(what string) string {
 		cmd := exec.Command(filepath.Join(prefix, "bin", "upcxx-meta"), what)
-		cmd.Env = append(os.Environ(), "UPCXX_CODEMODE=debug", "UPCXX_NETWORK="+network, "UPCXX_THREADMODE=seq")
+		cmd.Env = append(os.Environ(), "UPCXX_CODEMODE="+codemode, "UPCXX_NETWORK="+network, "UPCXX_THREADMODE=seq")
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("upcxx-meta %s: %v", what, err)
@@ -74,7 +80,7 @@ func upcxxProgram(t *testing.T, prefix, src, network, include string) string {
 			}
 		}
 	}
-	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".cpp"))
+	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".cpp")+"-"+codemode)
 	args := append(append(append(flags, pp...), "-I", filepath.Join(prefix, "test"), src, "-o", out),
 		append(strings.Fields(meta("LDFLAGS")), strings.Fields(meta("LIBFLAGS"))...)...)
 	if b, err := exec.Command(cxx, args...).CombinedOutput(); err != nil {
@@ -310,6 +316,20 @@ func TestUPCXXRulesPack(t *testing.T) {
 			}
 		})
 	}
+	// An opt build inlines user-level progress: the pack says it cannot
+	// check it, and why, and the program runs as it does untraced.
+	t.Run("opt", func(t *testing.T) {
+		prog := upcxxBuild(t, prefix, filepath.Join(testenv.RepoRoot(t), "testdata", "upcxx", "progress572.cpp"), "opt", "smp", "")
+		report := filepath.Join(t.TempDir(), "report.json")
+		out, stderr, code := upcxxRun(t, prefix, nil, hooktraceBin, "run", "--recorder", "preload", "--follow-forks",
+			"--fail-on", "none", "--rules", "upcxx", "--report", "json:"+report, "--", prog)
+		if code != 0 || !strings.Contains(out, "rpcs 4, early 4") {
+			t.Fatalf("exit %d, stdout %q\n%s", code, out, stderr)
+		}
+		if !strings.Contains(stderr, notProbed) || !strings.Contains(stderr, "opt codemode inlines") {
+			t.Errorf("stderr does not say the progress-level rules are not checked, and why:\n%s", stderr)
+		}
+	})
 	t.Run("seeded", func(t *testing.T) {
 		prog := upcxxProgram(t, prefix, filepath.Join(prefix, "test", "rput.cpp"), "smp", upcxxVariant(t, prefix))
 		for _, rec := range []string{"preload", "ebpf"} {
