@@ -241,14 +241,13 @@ func TestUPCXX572(t *testing.T) {
 	}
 }
 
-// upcxxVariant copies the installed UPC++ headers for the smp conduit
-// and seeds a progress-level violation in them: rput, whose progress level
+// upcxxVariant copies the installed UPC++ headers for network and seeds a progress-level violation in them: rput, whose progress level
 // is internal (spec §8.2.1), makes user-level progress, the progress
 // future::wait makes. It returns the include directory.
-func upcxxVariant(t *testing.T, prefix string) string {
+func upcxxVariant(t *testing.T, prefix, network string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "include")
-	src := filepath.Join(prefix, "upcxx.debug.gasnet_seq.smp", "include")
+	src := filepath.Join(prefix, "upcxx.debug.gasnet_seq."+network, "include")
 	if out, err := exec.Command("cp", "-r", src, dir).CombinedOutput(); err != nil {
 		t.Fatalf("copying the headers: %v\n%s", err, out)
 	}
@@ -331,7 +330,7 @@ func TestUPCXXRulesPack(t *testing.T) {
 		}
 	})
 	t.Run("seeded", func(t *testing.T) {
-		prog := upcxxProgram(t, prefix, filepath.Join(prefix, "test", "rput.cpp"), "smp", upcxxVariant(t, prefix))
+		prog := upcxxProgram(t, prefix, filepath.Join(prefix, "test", "rput.cpp"), "smp", upcxxVariant(t, prefix, "smp"))
 		for _, rec := range []string{"preload", "ebpf"} {
 			out, fs, stderr, code := traced(t, rec, prog)
 			if code != 0 || !strings.Contains(out, "Test result: SUCCESS") {
@@ -364,4 +363,36 @@ func TestUPCXXRulesPack(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestUPCXXUDP: on the udp conduit the ranks are separate processes, each
+// traced by its own hooktrace into its own trace; analyzed together, the
+// seeded violation is one finding seen in both, each process named with
+// its trace and count.
+func TestUPCXXUDP(t *testing.T) {
+	prefix := upcxxPrefix(t)
+	prog := upcxxProgram(t, prefix, filepath.Join(prefix, "test", "rput.cpp"), "udp", upcxxVariant(t, prefix, "udp"))
+	dir := t.TempDir()
+	out, stderr, code := upcxxRun(t, prefix, nil, "-localhost", hooktraceBin, "run", "--recorder", "preload", "--fail-on", "none",
+		"--rules", "upcxx", "-o", filepath.Join(dir, "t-%p.htr"), "--", prog)
+	if code != 0 || !strings.Contains(out, "Test result: SUCCESS") {
+		t.Fatalf("exit %d, output:\n%s\n%s", code, out, stderr)
+	}
+	traces, _ := filepath.Glob(filepath.Join(dir, "t-*.htr"))
+	if len(traces) != 2 {
+		t.Fatalf("traces %v, want one per rank", traces)
+	}
+	report, stderr, _ := hooktrace(t, nil, append([]string{"analyze", "--format", "json", "--fail-on", "none"}, traces...)...)
+	nest := nestingsOf(upcxxFindings(t, report))
+	if len(nest) != 1 || !strings.HasSuffix(nest[0].Title, "ran inside upcxx::rput") {
+		t.Fatalf("want burst_user inside upcxx::rput, got %v\n%s", nest, stderr)
+	}
+	f := nest[0]
+	total := 0
+	for _, sn := range f.Seen {
+		total += sn.Count
+	}
+	if len(f.Seen) != 2 || f.Seen[0].PID == f.Seen[1].PID || total != f.Occurrences || f.Merged != "merged from 2 processes in 2 traces" {
+		t.Errorf("seen %+v, merged %q, %d occurrences: want both processes", f.Seen, f.Merged, f.Occurrences)
+	}
 }
