@@ -125,6 +125,7 @@ func sourceText(s *stream) string {
 // allocator call.
 func (a *Analyzer) reentryFindings() []Finding {
 	var out []Finding
+	var where []seenCounts // by finding
 	index := map[string]int{}
 	for _, r := range a.reentryList {
 		caller := allocCallerFrame(r.stack)
@@ -133,9 +134,12 @@ func (a *Analyzer) reentryFindings() []Finding {
 		id := findingID(KindAllocatorReentry, r.outer.String(), r.inner.String(), stableSite(caller))
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += r.count
+			where[i].merge(r.where)
 			continue
 		}
 		index[id] = len(out)
+		where = append(where, seenCounts{})
+		where[len(where)-1].merge(r.where)
 		via := ""
 		if r.via != "" {
 			via = " (in " + r.via + ")"
@@ -170,6 +174,10 @@ func (a *Analyzer) reentryFindings() []Finding {
 			Threads:     []uint32{r.tid},
 			Occurrences: r.count,
 		})
+	}
+	for i := range out {
+		out[i].Seen = where[i].list()
+		out[i].Threads = where[i].threads()
 	}
 	return out
 }

@@ -215,3 +215,10 @@ func (c seenCounts) threads() []uint32 {
 	}
 	return sortedTIDs(tids)
 }
+
+// merge adds o's counts.
+func (c seenCounts) merge(o seenCounts) {
+	for k, n := range o {
+		c[k] += n
+	}
+}

@@ -54,3 +54,24 @@ func TestSeenPerProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestSeenSelfDeadlock: a self-deadlock seen in two ranks' traces is
+// counted in each process.
+func TestSeenSelfDeadlock(t *testing.T) {
+	var traces []*tracebuild.Trace
+	for _, pid := range []uint32{100, 200} {
+		b := named(tracebuild.New(pid, &events.Header{})).Thread(pid, "app")
+		b.Lock(pid, lockA, "pthread_mutex_lock"+libc, "take_twice", "main")
+		b.Lock(pid, lockA, "pthread_mutex_lock"+libc, "take_again", "take_twice", "main")
+		traces = append(traces, b.Footer(nil))
+	}
+	fs := ofKind(analyze(Options{}, traces...), KindSelfDeadlock)
+	if len(fs) != 1 {
+		t.Fatalf("want 1 self-deadlock, got %d", len(fs))
+	}
+	f := fs[0]
+	if len(f.Seen) != 2 || f.Seen[0].PID != 100 || f.Seen[0].Count != 1 || f.Seen[1].PID != 200 || f.Seen[1].Count != 1 ||
+		f.Merged != "merged from 2 processes in 2 traces" {
+		t.Errorf("seen %+v, merged %q", f.Seen, f.Merged)
+	}
+}
