@@ -5,7 +5,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build generate check-generated test test-kernels lint bench fuzz clean demo realworld
+.PHONY: all build generate check-generated test test-kernels lint bench fuzz clean demo realworld upcxx
 
 all: build
 
@@ -33,6 +33,13 @@ lint:
 	GOOS=darwin $(GO) build ./events ./analyzer ./reports
 	GOARCH=arm64 $(GO) build ./...
 	GOARCH=arm64 $(GO) vet ./...
+
+# UPC++ 2020.10.0, built once per machine into a cache outside the
+# repository for the tests that trace real UPC++ programs (about 13
+# minutes on 2 cores, then instant). The source tarball is $UPCXX_SOURCE or
+# found on the file system; UPCXX_PREFIX moves the cache.
+upcxx:
+	testdata/upcxx/build.sh
 
 # The test command (README, .ci/run): every test, under the race detector
 # (the tracer's reader, gate and status line share state). eBPF tests need

@@ -308,6 +308,7 @@ type reentrySighting struct {
 	stack      *events.Stack
 	via        string
 	count      uint64
+	where      seenCounts
 }
 
 func (a *Analyzer) reentry(t *thread, e *events.Event) {
@@ -318,6 +319,7 @@ func (a *Analyzer) reentry(t *thread, e *events.Event) {
 	key := reentryKey{t.stream.index, outer, e.Op, e.Stack}
 	if r := a.reentries[key]; r != nil {
 		r.count++
+		r.where.add(t.stream, t.pid, t.tid, 1)
 		return
 	}
 	st := t.stream.stack(e.Stack)
@@ -331,7 +333,9 @@ func (a *Analyzer) reentry(t *thread, e *events.Event) {
 		stack:  st,
 		via:    t.hookVia(st),
 		count:  1,
+		where:  seenCounts{},
 	}
+	r.where.add(t.stream, t.pid, t.tid, 1)
 	r.outerStack = t.allocCallStack(st, outer)
 	a.reentries[key] = r
 	a.reentryList = append(a.reentryList, r)

@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"github.com/hooktrace/hooktrace/events"
+	"strings"
 )
 
 // Options configure an Analyzer.
@@ -19,7 +20,9 @@ type Analyzer struct {
 	opts      Options
 	rules     []Rule
 	ruleIndex map[Rule]int
-	warnings  []string
+	// matchCache holds funcname.Match's answers, by rule name and frame.
+	matchCache map[[2]string]bool
+	warnings   []string
 
 	streams []*stream
 	cur     *stream
@@ -143,6 +146,9 @@ func (a *Analyzer) Add(r *events.Record) {
 		a.cur.lost += r.Lost.Count
 	case events.RecFooter:
 		a.cur.footer = r.Footer
+		if r.Footer != nil {
+			a.cur.ranks = r.Footer.Ranks
+		}
 	}
 	a.cur.seen = true
 }
@@ -153,7 +159,11 @@ func (a *Analyzer) header(h *events.Header) {
 	if h == nil {
 		return
 	}
-	s.probeNames = h.UserProbes
+	// A rule pack's probes are optional ("?NAME"): the name is NAME.
+	s.probeNames = make([]string, len(h.UserProbes))
+	for i, p := range h.UserProbes {
+		s.probeNames[i] = strings.TrimPrefix(p, "?")
+	}
 	alloc := h.Allocator
 	if a.opts.Allocator != "" {
 		alloc = a.opts.Allocator
@@ -308,6 +318,7 @@ func (a *Analyzer) Result() *Result {
 	for _, st := range a.streams {
 		res.Findings = append(res.Findings, st.hangFindings()...)
 	}
+	a.fillSeen(res.Findings)
 	res.Stats = a.stats(names)
 	res.Graph = a.graph(names, cycles.edgeFindings, misused)
 	res.Sort()

@@ -488,10 +488,17 @@ func TestSeverityThreshold(t *testing.T) {
 
 func TestParseRule(t *testing.T) {
 	r, err := ParseRule(" progress > user_callback ")
-	if err != nil || r != (Rule{"progress", "user_callback"}) || r.String() != "progress>user_callback" {
+	if err != nil || r != (Rule{Outer: "progress", Inner: "user_callback"}) || r.String() != "progress>user_callback" {
 		t.Errorf("%v %v", r, err)
 	}
-	for _, bad := range []string{"", "progress", ">x", "x>", "a>b>c"} {
+	// C++ names as a debugger prints them: split at the top-level '>'.
+	cxx := "my_internal_fn(int, upcxx::global_ptr<int, (upcxx::memory_kind)1>)>upcxx::detail::persona_tls::burst_user"
+	r, err = ParseRule(cxx)
+	if err != nil || r.Outer != "my_internal_fn(int, upcxx::global_ptr<int, (upcxx::memory_kind)1>)" ||
+		r.Inner != "upcxx::detail::persona_tls::burst_user" {
+		t.Errorf("%q: %v %v", cxx, r, err)
+	}
+	for _, bad := range []string{"", "progress", ">x", "x>", "a>b>c", "f<int>g", "f(int>g"} {
 		if _, err := ParseRule(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

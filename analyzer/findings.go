@@ -125,6 +125,7 @@ func sourceText(s *stream) string {
 // allocator call.
 func (a *Analyzer) reentryFindings() []Finding {
 	var out []Finding
+	var where []seenCounts // by finding
 	index := map[string]int{}
 	for _, r := range a.reentryList {
 		caller := allocCallerFrame(r.stack)
@@ -133,9 +134,12 @@ func (a *Analyzer) reentryFindings() []Finding {
 		id := findingID(KindAllocatorReentry, r.outer.String(), r.inner.String(), stableSite(caller))
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += r.count
+			where[i].merge(r.where)
 			continue
 		}
 		index[id] = len(out)
+		where = append(where, seenCounts{})
+		where[len(where)-1].merge(r.where)
 		via := ""
 		if r.via != "" {
 			via = " (in " + r.via + ")"
@@ -171,6 +175,10 @@ func (a *Analyzer) reentryFindings() []Finding {
 			Occurrences: r.count,
 		})
 	}
+	for i := range out {
+		out[i].Seen = where[i].list()
+		out[i].Threads = where[i].threads()
+	}
 	return out
 }
 
@@ -193,6 +201,9 @@ func (a *Analyzer) nestingFindings() []Finding {
 		}
 		detail := "The rule " + s.rule.String() + " says " + s.rule.Inner + " must never run while " + s.rule.Outer +
 			" is on the same thread's stack."
+		if s.rule.Why != "" {
+			detail += " Why: " + strings.TrimSuffix(s.rule.Why, ".") + "."
+		}
 		if s.inAlloc {
 			detail += " It ran inside an allocator call."
 		}
@@ -204,8 +215,9 @@ func (a *Analyzer) nestingFindings() []Finding {
 			Detail:      detail,
 			Locks:       []string{},
 			Edges:       []Edge{e},
-			Threads:     []uint32{s.tid},
+			Threads:     s.where.threads(),
 			Occurrences: s.count,
+			Seen:        s.where.list(),
 		})
 	}
 	return out

@@ -5,26 +5,44 @@ import (
 	"strings"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/funcname"
 )
 
 // Rule forbids Inner from running while Outer is on the same thread's
-// stack (both are functions traced with --probe).
+// stack. Inner is a function traced with --probe; Outer is one too, or a
+// frame of the stack Inner is entered with.
 type Rule struct {
 	Outer string
 	Inner string
+	// Why is the rule's reason, as its pack states it (a specification
+	// and its section); empty for a --forbid rule.
+	Why string
 }
 
-// ParseRule parses "OUTER>INNER".
+// ParseRule parses "OUTER>INNER", optionally followed by "# WHY". The
+// names may be C++ names as a debugger prints them: the rule is split at
+// the one '>' outside their balanced <> and ().
 func ParseRule(text string) (Rule, error) {
-	outer, inner, ok := strings.Cut(text, ">")
-	outer, inner = strings.TrimSpace(outer), strings.TrimSpace(inner)
-	if !ok || outer == "" || inner == "" || strings.Contains(inner, ">") {
+	spec, why, _ := strings.Cut(text, "#")
+	parts, balanced := funcname.SplitTop(spec, '>')
+	if !balanced {
+		return Rule{}, errors.New("forbid rule " + quote(text) + ": want OUTER>INNER (its <> or () do not balance)")
+	}
+	if len(parts) != 2 || strings.TrimSpace(parts[0]) == "" || strings.TrimSpace(parts[1]) == "" {
 		return Rule{}, errors.New("forbid rule " + quote(text) + ": want OUTER>INNER")
 	}
-	return Rule{Outer: outer, Inner: inner}, nil
+	return Rule{Outer: strings.TrimSpace(parts[0]), Inner: strings.TrimSpace(parts[1]), Why: strings.TrimSpace(why)}, nil
 }
 
 func (r Rule) String() string { return r.Outer + ">" + r.Inner }
+
+// Spec is the rule as ParseRule reads it back, its reason included.
+func (r Rule) Spec() string {
+	if r.Why == "" {
+		return r.String()
+	}
+	return r.String() + " # " + r.Why
+}
 
 func quote(s string) string { return "\"" + s + "\"" }
 
@@ -36,6 +54,7 @@ type nestSighting struct {
 	stack      *events.Stack
 	inAlloc    bool
 	count      uint64
+	where      seenCounts
 }
 
 // checkNesting runs when a probed function is entered: a rule is broken
@@ -44,13 +63,13 @@ type nestSighting struct {
 func (a *Analyzer) checkNesting(t *thread, e *events.Event, name string) {
 	var st *events.Stack
 	for ri, r := range a.rules {
-		if r.Inner != name {
+		if !a.matches(r.Inner, name) {
 			continue
 		}
 		var outerStack *events.Stack
 		found := false
 		for i := len(t.probes) - 1; i >= 0; i-- {
-			if t.probes[i].name == r.Outer {
+			if a.matches(r.Outer, t.probes[i].name) {
 				found = true
 				outerStack = t.stream.stack(t.probes[i].stack)
 				break
@@ -60,13 +79,14 @@ func (a *Analyzer) checkNesting(t *thread, e *events.Event, name string) {
 			if st == nil {
 				st = t.stream.stack(e.Stack)
 			}
-			found = stackHasFunction(st, r.Outer)
+			found = a.stackHasFunction(st, r.Outer)
 		}
 		if !found {
 			continue
 		}
 		if n := a.nestings[ri]; n != nil {
 			n.count++
+			n.where.add(t.stream, t.pid, t.tid, 1)
 			continue
 		}
 		if st == nil {
@@ -81,21 +101,41 @@ func (a *Analyzer) checkNesting(t *thread, e *events.Event, name string) {
 			stack:      st,
 			inAlloc:    e.Flags&events.FlagInAlloc != 0,
 			count:      1,
+			where:      seenCounts{},
 		}
+		n.where.add(t.stream, t.pid, t.tid, 1)
 		a.nestings[ri] = n
 		a.nestList = append(a.nestList, n)
 	}
 }
 
-func stackHasFunction(st *events.Stack, fn string) bool {
+func (a *Analyzer) stackHasFunction(st *events.Stack, fn string) bool {
 	if st == nil {
 		return false
 	}
 	// The first frame is the probed function itself.
 	for i := 1; i < len(st.Frames); i++ {
-		if baseFunction(st.Frames[i].Function) == fn {
+		if a.matches(fn, st.Frames[i].Function) {
 			return true
 		}
 	}
 	return false
+}
+
+// matches is funcname.Match, remembered: a rule pack checks tens of
+// names against the same frames at every entry of its inner function.
+func (a *Analyzer) matches(want, got string) bool {
+	if got == "" {
+		return false
+	}
+	k := [2]string{want, got}
+	m, ok := a.matchCache[k]
+	if !ok {
+		m = funcname.Match(want, got, "")
+		if a.matchCache == nil {
+			a.matchCache = map[[2]string]bool{}
+		}
+		a.matchCache[k] = m
+	}
+	return m
 }

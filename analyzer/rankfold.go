@@ -259,6 +259,7 @@ func (a *Analyzer) foldGroup(g, rep *rankGroup) {
 	for i, s := range g.selfs {
 		r := rep.selfs[i]
 		r.count += s.count
+		r.where.merge(s.where)
 		r.contradicted += s.contradicted
 		delete(a.selfLocks, selfKey{s.inst.id, s.kind, s.viaHook, s.allocOp})
 		gone[s] = true
@@ -309,6 +310,7 @@ func (a *Analyzer) foldReentries(s *stream) {
 		b := append(appendStacks([]byte{byte(r.outer), byte(r.inner)}, r.stack, r.outerStack), r.via...)
 		if first := a.rankReentries[string(b)]; first != nil {
 			first.count += r.count
+			first.where.merge(r.where)
 			gone[r] = true
 			continue
 		}

@@ -102,6 +102,12 @@ type Finding struct {
 	// same strongly connected component that lie on cycles not reported:
 	// the search stops after a fixed number of cycles per component.
 	Unreported uint64 `json:"unreported,omitempty"`
+	// Seen lists each process (and its threads) the finding was seen in,
+	// with counts per process where the finding is counted so.
+	Seen []Seen `json:"seen"`
+	// Merged says when the finding merges sightings from several
+	// processes, ranks or traces ("merged from 2 ranks").
+	Merged string `json:"merged,omitempty"`
 }
 
 // Edge is one dependency of a finding: To was taken while From was held.

@@ -38,6 +38,7 @@ type selfSighting struct {
 	allocStack *events.Stack
 	via        string
 	count      uint64
+	where      seenCounts // count by process and thread
 	// Sightings the thread outlived (more events followed): impossible
 	// for a lock that waits forever.
 	contradicted uint64
@@ -54,6 +55,7 @@ func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind
 	key := selfKey{h.inst.id, kind, viaHook, allocOp}
 	if s := a.selfLocks[key]; s != nil {
 		s.count++
+		s.where.add(t.stream, t.pid, t.tid, 1)
 		t.expectStop(s)
 		return
 	}
@@ -70,7 +72,9 @@ func (a *Analyzer) selfLock(t *thread, h *heldLock, q acquisition, kind selfKind
 		stack:     st,
 		viaHook:   viaHook,
 		count:     1,
+		where:     seenCounts{},
 	}
+	s.where.add(t.stream, t.pid, t.tid, 1)
 	if viaHook {
 		s.allocOp = allocOp
 		s.allocStack = t.allocCallStack(st, s.allocOp)
@@ -104,6 +108,7 @@ func (s *selfSighting) disproved() bool {
 // sighting are in the edges.
 func (a *Analyzer) selfFindings(n *naming) []Finding {
 	var out []Finding
+	var where []seenCounts // by finding
 	index := map[string]int{}
 	for _, s := range a.selfList {
 		if s.disproved() {
@@ -121,9 +126,12 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += s.count
 			out[i].Instances = appendSet(out[i].Instances, lock)
+			where[i].merge(s.where)
 			continue
 		}
 		index[id] = len(out)
+		where = append(where, seenCounts{})
+		where[len(where)-1].merge(s.where)
 		f := Finding{
 			ID:          id,
 			Kind:        kind,
@@ -145,6 +153,7 @@ func (a *Analyzer) selfFindings(n *naming) []Finding {
 		if len(out[i].Instances) < 2 {
 			out[i].Instances = nil
 		}
+		out[i].Seen = where[i].list()
 	}
 	return out
 }

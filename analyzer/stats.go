@@ -65,6 +65,8 @@ type TraceStats struct {
 	Reason     string `json:"reason,omitempty"` // why tracing stopped
 	// UnrecordedProcesses: see Stats.
 	UnrecordedProcesses uint64 `json:"unrecorded_processes,omitempty"`
+	// Ranks are the job's processes' ranks, by PID (see events.Footer).
+	Ranks map[uint32]int `json:"ranks,omitempty"`
 }
 
 func (a *Analyzer) stats(n *naming) Stats {
@@ -153,6 +155,7 @@ func (s *stream) stats() TraceStats {
 		ts.ProbeTime = f.ProbeTime
 		ts.StackReads = f.StackReads
 		ts.UnrecordedProcesses = f.Unrecorded
+		ts.Ranks = f.Ranks
 	}
 	if s.header != nil && s.header.Unrecorded != "" {
 		why = append(why, "no calls traced, hang detection alone watched the process: "+s.header.Unrecorded)

@@ -24,6 +24,9 @@ type stream struct {
 
 	header *events.Header
 	footer *events.Footer
+	// ranks are the ranks of the job's processes, by PID, as the footer
+	// gives them.
+	ranks map[uint32]int
 
 	// Stream-local lookups, dropped when the stream is finished (what
 	// findings need is referenced directly).

@@ -433,6 +433,11 @@ type Footer struct {
 	// record (the preload recorder: a static or setuid program, or the
 	// library's shared memory out of its reach).
 	Unrecorded uint64 `json:"unrecorded_processes,omitempty"`
+	// Ranks are the ranks of a parallel job's processes, by PID, where
+	// the recorder learnt them: from the environment (MPI, GASNet, UPC++)
+	// or, for UPC++'s smp conduit, where rank 0 forks the others, by fork
+	// order (rank 0's first child is rank 1).
+	Ranks map[uint32]int `json:"ranks,omitempty"`
 }
 
 // ProgramTime is a BPF program's runs and the time they took.

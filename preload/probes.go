@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/arch/x86/x86asm"
 
+	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/source"
 )
 
@@ -33,9 +34,13 @@ func (p *Preload) writeProbes(plan []source.Site, exe string) error {
 		exeCanon = c
 	}
 	n := 0
+	var sites []events.ProbeSite
 	for _, s := range plan {
 		if s.UserIdx < 0 {
 			continue
+		}
+		if n == shmProbes {
+			return fmt.Errorf("--probe: more than %d functions (clones included) to break on", shmProbes)
 		}
 		inst, dispAt, err := entry(s, p.opts.UserProbes[s.UserIdx])
 		if err != nil {
@@ -54,8 +59,13 @@ func (p *Preload) writeProbes(plan []source.Site, exe string) error {
 		e[93] = byte(dispAt)
 		copy(e[96:112], s.Code[:inst.Len])
 		n++
+		sites = append(sites, events.ProbeSite{Name: s.Sym.Mangled, Object: s.Object, Address: s.Sym.Value,
+			Kind: "breakpoint", Note: "--probe " + p.opts.UserProbes[s.UserIdx]})
 	}
 	binary.LittleEndian.PutUint32(p.mem[shmOffNProbes:], uint32(n))
+	p.imagesMu.Lock()
+	p.breakpoints = sites
+	p.imagesMu.Unlock()
 	return nil
 }
 

@@ -87,6 +87,7 @@ type Preload struct {
 	// none could not record.
 	imagesMu      sync.Mutex
 	images, execs map[uint32]int
+	breakpoints   []events.ProbeSite // the --probe functions the shim breaks on
 
 	// sys, when set, is a BPF tracer with only its tracepoints: the memory
 	// syscalls glibc makes inside free, which no interposition sees.
@@ -311,7 +312,7 @@ func (p *Preload) Attach(pid int, exe string) error {
 		// Which allocator the target will use, for the header: the
 		// shim forwards to it and knows exactly when a call is inside
 		// it, so the converter needs no address range.
-		plan, err := source.PlanSites(pid, exe, p.opts.UserProbes, func(string) {})
+		plan, err := source.PlanSites(pid, exe, p.opts.UserProbes, p.probeWarn)
 		if err != nil {
 			if len(p.opts.UserProbes) > 0 {
 				return err
@@ -328,6 +329,14 @@ func (p *Preload) Attach(pid int, exe string) error {
 		return p.writeProbes(plan, exe)
 	}
 	return nil
+}
+
+// probeWarn passes on what planning says about the --probe functions
+// (which clones are probed); the rest concerns uprobes the shim does not use.
+func (p *Preload) probeWarn(msg string) {
+	if p.opts.Warn != nil && (strings.HasPrefix(msg, "--probe ") || strings.HasPrefix(msg, source.MissingRulePrefix)) {
+		p.opts.Warn(msg)
+	}
 }
 
 // On turns the kernel side on, when there is one (the memory syscalls'
@@ -403,6 +412,9 @@ func (p *Preload) Sites() []events.ProbeSite {
 			out = append(out, events.ProbeSite{Name: name, Object: lib, Kind: "preload-got"})
 		}
 	}
+	p.imagesMu.Lock()
+	out = append(out, p.breakpoints...)
+	p.imagesMu.Unlock()
 	return out
 }
 

@@ -166,6 +166,7 @@ ol.stack li { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monosp
 {{with .Cycle}}<p class="cycle">{{.}}</p>{{end}}{{with .Gate}}<p><strong>Guarded by</strong> {{.}}: every path holds it, so the cycle cannot deadlock while that holds.</p>{{end}}
 {{if .Detail}}<p>{{.Detail}}</p>{{end}}
 {{if .Threads}}<p class="muted">threads: {{range $i, $t := .Threads}}{{if $i}}, {{end}}{{$t}}{{end}}</p>{{end}}
+{{if .SeenText}}<p class="muted">seen in{{with .Merged}} ({{.}}){{end}}:</p><ul class="muted">{{range .SeenText}}<li>{{.}}</li>{{end}}</ul>{{end}}
 {{range $i, $e := .Edges}}
 <h3 style="font-size:14px;margin:14px 0 4px">edge {{inc $i}}: {{$e.From}} → {{$e.To}} <span class="muted">[{{thread $e}}]</span></h3>
 <p>{{$e.Context}}</p>

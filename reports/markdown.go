@@ -120,7 +120,17 @@ func (m *mdWriter) finding(j *Judged) {
 	if f.Occurrences > 1 {
 		meta = append(meta, fmt.Sprintf("seen %d times", f.Occurrences))
 	}
+	if f.Merged != "" {
+		meta = append(meta, f.Merged)
+	}
 	m.printf("%s\n\n", strings.Join(meta, " · "))
+	if seen := f.SeenText(); len(seen) > 0 {
+		m.printf("**Seen in:**\n\n")
+		for _, l := range seen {
+			m.printf("- %s\n", mdEscape(l))
+		}
+		m.printf("\n")
+	}
 	if (f.Kind == analyzer.KindLockOrderCycle || f.Kind == analyzer.KindDeadlock) && len(f.Locks) > 0 {
 		parts := make([]string, 0, len(f.Locks)+1)
 		for _, l := range append(append([]string(nil), f.Locks...), f.Locks[0]) {

@@ -308,6 +308,12 @@ func (lc *locator) result(j *Judged, ruleIndex map[analyzer.Kind]int) sarifResul
 	if f.Gate != "" {
 		r.Properties["gate"] = f.Gate
 	}
+	if len(f.Seen) > 0 {
+		r.Properties["seen"] = f.Seen
+	}
+	if f.Merged != "" {
+		r.Properties["merged"] = f.Merged
+	}
 	// The primary location: the first edge's site with a source line, else
 	// the first edge's site.
 	var primary *sarifLocation

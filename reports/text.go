@@ -100,6 +100,11 @@ func TextGate(w io.Writer, g *Gate) error {
 			break
 		}
 	}
+	for _, t := range st.Traces {
+		if r := ranksText(t.Ranks); r != "" {
+			p.line("ranks: %s%s", r, traceSuffix(st, t))
+		}
+	}
 	for _, warn := range st.Warnings {
 		p.line("warning: %s", warn)
 	}
@@ -294,7 +299,18 @@ func (p *printer) finding(n int, f *analyzer.Finding, verdict string) error {
 		p.wrapped(in, "guard:   ", "every path holds "+f.Gate+" (a guarded cycle: not a deadlock while that holds)")
 	}
 	if f.Occurrences > 1 {
-		p.line("%sseen:    %d times", in, f.Occurrences)
+		seen := fmt.Sprintf("%d times", f.Occurrences)
+		if f.Merged != "" {
+			seen += ", " + f.Merged
+		}
+		p.line("%sseen:    %s", in, seen)
+	}
+	for i, l := range f.SeenText() {
+		label := "         "
+		if i == 0 {
+			label = "in:      "
+		}
+		p.wrapped(in, label, l)
 	}
 	if f.Detail != "" {
 		p.wrapped(in, "why:     ", f.Detail)
@@ -503,6 +519,15 @@ func callsText(calls map[string]uint64) string {
 func threadsText(f *analyzer.Finding) string {
 	seen := map[uint32]string{}
 	var order []uint32
+	// Every thread it was seen on, in every process, where counted.
+	for _, sn := range f.Seen {
+		for _, t := range sn.Threads {
+			if _, ok := seen[t.TID]; !ok {
+				order = append(order, t.TID)
+				seen[t.TID] = t.Name
+			}
+		}
+	}
 	for _, e := range f.Edges {
 		if _, ok := seen[e.Thread]; !ok {
 			order = append(order, e.Thread)
@@ -572,4 +597,31 @@ func FindingText(w io.Writer, f *analyzer.Finding) error {
 		return err
 	}
 	return bw.Flush()
+}
+
+// ranksText says which process was which rank: "0 pid 100, 1 pid 101".
+func ranksText(ranks map[uint32]int) string {
+	pids := make([]uint32, 0, len(ranks))
+	for pid := range ranks {
+		pids = append(pids, pid)
+	}
+	sort.Slice(pids, func(i, j int) bool {
+		if ranks[pids[i]] != ranks[pids[j]] {
+			return ranks[pids[i]] < ranks[pids[j]]
+		}
+		return pids[i] < pids[j]
+	})
+	parts := make([]string, len(pids))
+	for i, pid := range pids {
+		parts[i] = fmt.Sprintf("%d pid %d", ranks[pid], pid)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// traceSuffix names the trace a line is about when there are several.
+func traceSuffix(st *analyzer.Stats, t analyzer.TraceStats) string {
+	if len(st.Traces) > 1 && t.Source != "" {
+		return " (" + t.Source + ")"
+	}
+	return ""
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/funcname"
 	"github.com/hooktrace/hooktrace/tracer/placement"
 	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
@@ -171,6 +172,7 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 		}
 	}
 	for i, spec := range userProbes {
+		spec, optional := strings.CutPrefix(spec, OptionalProbe)
 		name, object, _ := strings.Cut(spec, "@")
 		found := false
 		for _, path := range objs {
@@ -181,15 +183,15 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			if o == nil {
 				continue
 			}
-			sym, err := o.Func(name)
+			syms, err := o.Funcs(name)
 			if err != nil {
 				if object != "" {
 					return nil, fmt.Errorf("--probe %s: %w", spec, err)
 				}
 				continue
 			}
-			plan = append(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
-				Object: path, Obj: o, File: via[path], Sym: sym, UserIdx: i})
+			plan = appendUserSites(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
+				Object: path, Obj: o, File: via[path], UserIdx: i}, syms, warn)
 			found = true
 			break
 		}
@@ -204,13 +206,17 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			if o == nil {
 				return nil, fmt.Errorf("--probe %s: %s cannot be read", spec, object)
 			}
-			sym, err := o.Func(name)
+			syms, err := o.Funcs(name)
 			if err != nil {
 				return nil, fmt.Errorf("--probe %s: %w", spec, err)
 			}
-			plan = append(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
-				Object: path, Obj: o, File: via[path], Sym: sym, UserIdx: i})
+			plan = appendUserSites(plan, Site{Fn: ProbeFunc{Name: name, Op: events.OpProbeEnter, Ret: true},
+				Object: path, Obj: o, File: via[path], UserIdx: i}, syms, warn)
 			found = true
+		}
+		if !found && optional {
+			warn(fmt.Sprintf("%s%s is not a function of %s: the rules on it are not checked", MissingRulePrefix, name, objs[0]))
+			continue
 		}
 		if !found {
 			if object != "" && !strings.Contains(object, "/") {
@@ -236,6 +242,34 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 		s.Live = liveAddress(maps, s.Object, s.Sym.Offset)
 	}
 	return plan, nil
+}
+
+// OptionalProbe starts a user probe a rule pack asks for: a program
+// without the function is not checked against the rules on it, and that is
+// no error. The warning saying so starts with MissingRulePrefix.
+const (
+	OptionalProbe     = "?"
+	MissingRulePrefix = "--rules: "
+)
+
+// appendUserSites adds a --probe site for each of syms, the function and
+// the clones gcc made of it, and says which were probed when there are
+// several: a caller may enter only a clone.
+func appendUserSites(plan []Site, site Site, syms []symbolize.Symbol, warn func(string)) []Site {
+	names := make([]string, 0, len(syms))
+	clones := false
+	for _, sym := range syms {
+		site.Sym = sym
+		plan = append(plan, site)
+		names = append(names, fmt.Sprintf("%s (0x%x)", sym.Mangled, sym.Value))
+		if base, _ := funcname.Clone(sym.Mangled); base != sym.Mangled {
+			clones = true
+		}
+	}
+	if clones {
+		warn(fmt.Sprintf("--probe %s: gcc's copies of it are probed in %s: %s", site.Fn.Name, filepath.Base(site.Object), strings.Join(names, ", ")))
+	}
+	return plan
 }
 
 // searchOrder lists the objects whose symbols pid will use, in the

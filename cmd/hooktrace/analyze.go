@@ -10,11 +10,12 @@ import (
 
 	"github.com/hooktrace/hooktrace/analyzer"
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/rules"
 )
 
 func newAnalyzeCmd() *cobra.Command {
 	var format, failOn string
-	var forbid []string
+	var forbid, packs []string
 	var rep reportFlags
 	c := &cobra.Command{
 		Use:   "analyze [flags] TRACE.htr...",
@@ -28,6 +29,11 @@ func newAnalyzeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			more, err := packRules(packs)
+			if err != nil {
+				return err
+			}
+			rules = append(rules, more...)
 			if err := rep.check(format, failOn); err != nil {
 				return err
 			}
@@ -43,6 +49,7 @@ func newAnalyzeCmd() *cobra.Command {
 	c.Flags().StringVarP(&format, "format", "f", "text", formatHelp)
 	c.Flags().StringVar(&failOn, "fail-on", "error", "exit 1 when a finding is at or above this severity (error, warning, info, none)")
 	c.Flags().StringArrayVar(&forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack")
+	c.Flags().StringArrayVar(&packs, "rules", nil, "check a rule pack (upcxx, or a rules file) against traces recorded with its INNER functions probed; a trace keeps the rules it was recorded with")
 	rep.register(c.Flags())
 	return c
 }
@@ -82,6 +89,32 @@ func analyzeFile(a *analyzer.Analyzer, path string) error {
 func salvageable(err error) bool {
 	var corrupt *events.CorruptError
 	return errors.Is(err, events.ErrTruncated) || errors.As(err, &corrupt)
+}
+
+// loadPacks loads the --rules packs.
+func loadPacks(names []string) ([]*rules.Pack, error) {
+	var out []*rules.Pack
+	for _, n := range names {
+		p, err := rules.Load(n)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// packRules are the rules of the --rules packs names.
+func packRules(names []string) ([]analyzer.Rule, error) {
+	packs, err := loadPacks(names)
+	if err != nil {
+		return nil, err
+	}
+	var out []analyzer.Rule
+	for _, p := range packs {
+		out = append(out, p.Rules...)
+	}
+	return out, nil
 }
 
 func parseRules(specs []string) ([]analyzer.Rule, error) {

@@ -254,6 +254,11 @@ func TestExpandPath(t *testing.T) {
 	if got, _ := expandPath("%r", h, getenv); got != "0" {
 		t.Errorf("no rank: %q", got)
 	}
+	// upcxx-run on the smp conduit: the process it starts is rank 0.
+	env = map[string]string{"GASNET_PSHM_NODES": "2"}
+	if got, _ := expandPath("%r", h, getenv); got != "0" {
+		t.Errorf("GASNet smp: %q", got)
+	}
 	for _, bad := range []string{"trace-%q.htr", "trace-%"} {
 		if _, err := expandPath(bad, h, getenv); err == nil || !isUsage(err) {
 			t.Errorf("%q: %v", bad, err)

@@ -20,7 +20,8 @@ var rankVars = []string{"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_
 //
 //	%p  the traced process's PID
 //	%h  the host name
-//	%r  the MPI rank (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK or SLURM_PROCID)
+//	%r  the rank (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK or SLURM_PROCID;
+//	    0 for a UPC++/GASNet smp job's first process, GASNET_PSHM_NODES set)
 //	%t  the start time, UTC, 20060102T150405Z
 //	%%  a percent sign
 func expandOutputPath(pattern string, h *events.Header) (string, error) {
@@ -71,17 +72,19 @@ func expandPath(pattern string, h *events.Header, getenv func(string) string) (s
 	return b.String(), nil
 }
 
-// rankOf is the process's MPI rank, "0" with a warning outside a parallel
-// launcher.
+// rankOf is the process's rank: what an MPI launcher put in the
+// environment; 0 in a UPC++/GASNet smp job (GASNET_PSHM_NODES), where the
+// process upcxx-run starts is rank 0 and forks the others into the same
+// trace (the footer says which process was which rank); "0" with a warning
+// outside a parallel launcher.
 func rankOf(getenv func(string) string) string {
-	for _, v := range rankVars {
-		if r := strings.TrimSpace(getenv(v)); r != "" {
-			if _, err := strconv.ParseUint(r, 10, 32); err == nil {
-				return r
-			}
-		}
+	if r, ok := envRank(getenv); ok {
+		return strconv.Itoa(r)
 	}
-	slog.Warn("%r in a file name, but no rank in the environment (" + strings.Join(rankVars, ", ") + "): using 0")
+	if getenv("GASNET_PSHM_NODES") != "" {
+		return "0"
+	}
+	slog.Warn("%r in a file name, but no rank in the environment (" + strings.Join(rankVars, ", ") + ", GASNET_PSHM_NODES): using 0")
 	return "0"
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
+	"github.com/hooktrace/hooktrace/rules"
 	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
 )
@@ -28,6 +30,8 @@ type traceFlags struct {
 	followForks bool
 	probes      []string
 	forbid      []string
+	rules       []string      // --rules: pack names or files
+	packs       []*rules.Pack // loaded from rules by userProbes
 	ringSize    string
 	noSamples   bool
 	format      string
@@ -51,6 +55,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.followForks, "follow-forks", false, "trace child processes too")
 	fl.StringArrayVar(&f.probes, "probe", nil, "also trace entry and exit of this function (SYMBOL or SYMBOL@object; a library loaded later with dlopen by its path; repeatable)")
 	fl.StringArrayVar(&f.forbid, "forbid", nil, "OUTER>INNER: INNER must never run while OUTER is on the thread's stack (implies --probe on both)")
+	fl.StringArrayVar(&f.rules, "rules", nil, "check a rule pack: upcxx (built in: UPC++ progress levels) or a rules file in the same format (docs/rules.md); repeatable")
 	fl.StringVar(&f.ringSize, "ring", "16M", "ring buffer size, a power of two from 4K to 1G (K, M and G suffixes)")
 	fl.BoolVar(&f.noSamples, "no-samples", false, "do not copy raw stacks inside allocator calls (no unwinding through glibc)")
 	fl.StringVarP(&f.format, "format", "f", "text", formatHelp)
@@ -62,7 +67,8 @@ func (f *traceFlags) register(c *cobra.Command) {
 
 // userProbes is --probe plus both sides of every --forbid rule, read by
 // the analyzer's own parser so that run, attach and analyze accept the
-// same rules.
+// same rules, plus the INNER side of every --rules pack's rules, which a
+// program may lack (source.OptionalProbe).
 func (f *traceFlags) userProbes() ([]string, error) {
 	out := append([]string(nil), f.probes...)
 	have := map[string]bool{}
@@ -81,7 +87,51 @@ func (f *traceFlags) userProbes() ([]string, error) {
 			}
 		}
 	}
+	f.packs, err = loadPacks(f.rules)
+	if err != nil {
+		return nil, err
+	}
+	for _, pk := range f.packs {
+		for _, p := range pk.Inners() {
+			if !have[p] {
+				have[p] = true
+				out = append(out, source.OptionalProbe+p)
+			}
+		}
+	}
 	return out, nil
+}
+
+// forbidSpecs are the rules the trace's header records: --forbid's and
+// the packs', with their reasons, so that analyze checks them again.
+func (f *traceFlags) forbidSpecs() []string {
+	out := slices.Clone(f.forbid)
+	for _, pk := range f.packs {
+		for _, r := range pk.Rules {
+			out = append(out, r.Spec())
+		}
+	}
+	return out
+}
+
+// warn logs what the recorder says. A pack's function missing from the
+// program is a warning when the pack says what its absence means (an
+// optimised build), and otherwise only a debug message: most programs use
+// a few of the functions a pack knows.
+func (f *traceFlags) warn(msg string) {
+	if strings.HasPrefix(msg, source.MissingRulePrefix) {
+		for _, pk := range f.packs {
+			for fn, why := range pk.Missing {
+				if strings.HasPrefix(msg, source.MissingRulePrefix+fn+" ") {
+					slog.Warn(msg + ": " + why)
+					return
+				}
+			}
+		}
+		slog.Debug(msg)
+		return
+	}
+	slog.Warn(msg)
 }
 
 // session is one tracing run: the tracer, the trace file, the live status.
@@ -92,6 +142,7 @@ type session struct {
 	sink   *sess.Sink
 	status *statusLine
 	hang   *events.Hang // the deadlock hang detection found, if any
+	ranks  *jobRanks    // which process was which rank, for the footer
 }
 
 func newSession(f *traceFlags) (*session, error) {
@@ -133,7 +184,7 @@ func prepareSession(f *traceFlags) (*session, source.Options, error) {
 		RingBytes:   ring,
 		NoSamples:   f.noSamples,
 		UserProbes:  probes,
-		Warn:        func(s string) { slog.Warn(s) },
+		Warn:        f.warn,
 	}
 	s := &session{flags: f}
 	s.header = events.Header{
@@ -146,7 +197,7 @@ func prepareSession(f *traceFlags) (*session, source.Options, error) {
 		StartNS:    proc.Now(),
 		Mode:       f.mode,
 		UserProbes: probes,
-		Forbid:     f.forbid,
+		Forbid:     f.forbidSpecs(),
 	}
 	return s, opts, nil
 }
@@ -188,7 +239,11 @@ func (s *session) start() (*sess.Reading, error) {
 	}
 	s.sink = sink
 	s.status = newStatusLine(s.tr)
-	reading, err := sess.Record(s.tr, s.sink.Add)
+	s.ranks = newJobRanks(os.Getenv)
+	reading, err := sess.Record(s.tr, func(r *events.Record) error {
+		s.ranks.observe(r)
+		return s.sink.Add(r)
+	})
 	if err != nil {
 		sink.Abandon()
 		return nil, err
@@ -220,6 +275,9 @@ func (s *session) finish(reason string, exit *int, signal string) (*events.Foote
 	foot.ExitStatus, foot.ExitSignal = exit, signal
 	foot.Reason = reason
 	foot.Hang = s.hang
+	if s.ranks != nil {
+		foot.Ranks = s.ranks.ranks(s.header.PID)
+	}
 	err := s.sink.Close(foot)
 	if s.tr != nil {
 		s.tr.Close()

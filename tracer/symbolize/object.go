@@ -54,6 +54,7 @@ type Object struct {
 	hasTab   bool // a .symtab was found, here or in the debug file
 	nameOnce sync.Once
 	byName   map[string][]int32 // index into funcs.syms, by plain and demangled names
+	clones   map[string][]int32 // gcc's entry clones (f.constprop.0, f.isra.0, f.part.0), by f's names
 
 	dwarfOnce sync.Once
 	dwarf     *dwarfInfo // nil when there is no usable DWARF

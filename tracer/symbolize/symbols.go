@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/hooktrace/hooktrace/internal/funcname"
 )
 
 var (
@@ -313,6 +315,9 @@ func (o *Object) Func(name string) (Symbol, error) {
 	base, version, versioned := splitVersion(name)
 	var matches []*symbol
 	candidates := o.names()[base]
+	if len(candidates) == 0 {
+		candidates = o.names()[funcname.Normalize(base)]
+	}
 	for _, i := range candidates {
 		if s := &o.funcs.syms[i]; !versioned || s.version == version {
 			matches = append(matches, s)
@@ -389,27 +394,76 @@ func dropOldVersions(syms []*symbol) []*symbol {
 	return out
 }
 
-// names indexes functions by every name Func accepts for them.
+// names indexes functions by every name Func accepts for them. A clone
+// gcc made of a function (f.constprop.0, f.isra.0, f.part.0) is found by
+// its own name only, and listed under f's names in o.clones for Funcs; a
+// .cold fragment, which no call enters, under neither.
 func (o *Object) names() map[string][]int32 {
 	o.nameOnce.Do(func() {
 		idx := make(map[string][]int32, len(o.funcs.syms))
-		add := func(key string, i int) {
-			l := idx[key]
+		clones := map[string][]int32{}
+		add := func(m map[string][]int32, key string, i int) {
+			l := m[key]
 			if len(l) > 0 && l[len(l)-1] == int32(i) {
 				return
 			}
-			idx[key] = append(l, int32(i))
+			m[key] = append(l, int32(i))
 		}
-		for i, s := range o.funcs.syms {
-			add(s.name, i)
-			if isMangled(s.name) {
-				if full := demangleName(s.name); full != s.name {
-					add(full, i)
-					add(demangleNoParams(s.name), i)
+		index := func(m map[string][]int32, name string, i int) {
+			add(m, name, i)
+			if isMangled(name) {
+				if full := demangleName(name); full != name {
+					add(m, funcname.Normalize(full), i)
+					add(m, funcname.Normalize(demangleNoParams(name)), i)
 				}
 			}
 		}
-		o.byName = idx
+		for i, s := range o.funcs.syms {
+			base, entry := funcname.Clone(s.name)
+			if base == s.name {
+				index(idx, s.name, i)
+				continue
+			}
+			add(idx, s.name, i)
+			if entry {
+				index(clones, base, i)
+			}
+		}
+		o.byName, o.clones = idx, clones
 	})
 	return o.byName
+}
+
+// Funcs finds the function name names, as Func does, with the clones gcc
+// made of it that calls enter (f.constprop.0, f.isra.0, f.part.0): a
+// caller may call only a clone, so a probe on the function is a probe on
+// each. .cold fragments are not among them: they are jumped to from
+// inside, and a probe there would be a false entry.
+func (o *Object) Funcs(name string) ([]Symbol, error) {
+	sym, err := o.Func(name)
+	if err != nil && !errors.Is(err, ErrSymbolNotFound) {
+		return nil, err
+	}
+	var out []Symbol
+	seen := map[uint64]bool{}
+	if err == nil {
+		out = append(out, sym)
+		seen[sym.Value] = true
+	}
+	base, _, _ := splitVersion(name)
+	for _, i := range o.clones[funcname.Normalize(base)] {
+		s := &o.funcs.syms[i]
+		if seen[s.value] {
+			continue
+		}
+		if _, ferr := o.FileOffset(s.value); ferr != nil {
+			continue
+		}
+		seen[s.value] = true
+		out = append(out, o.publicSymbol(s))
+	}
+	if len(out) == 0 {
+		return nil, err
+	}
+	return out, nil
 }

@@ -1,0 +1,77 @@
+package analyzer
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/tracebuild"
+)
+
+// nestings enters user_callback inside progress n times on thread tid.
+func nestings(b *tracebuild.Trace, tid uint32, n int) {
+	for range n {
+		b.Probe(tid, events.OpProbeEnter, 0, "progress", "wait_all")
+		b.Probe(tid, events.OpProbeEnter, 1, "user_callback", "dispatch", "progress", "wait_all")
+		b.Probe(tid, events.OpProbeExit, 1)
+		b.Probe(tid, events.OpProbeExit, 0)
+	}
+}
+
+// TestSeenPerProcess: a finding seen in two ranks' traces lists both
+// processes, each with its count and threads, and says it was merged.
+func TestSeenPerProcess(t *testing.T) {
+	r0 := tracebuild.New(100, mixHeader()).Thread(100, "app").Thread(101, "worker")
+	nestings(r0, 100, 2)
+	nestings(r0, 101, 1)
+	r0.Footer(&events.Footer{Ranks: map[uint32]int{100: 0}})
+	r1 := tracebuild.New(200, mixHeader()).Thread(200, "app")
+	nestings(r1, 200, 4)
+	r1.Footer(&events.Footer{Ranks: map[uint32]int{200: 1}})
+	fs := ofKind(analyze(Options{}, r0, r1), KindForbiddenNesting)
+	if len(fs) != 1 {
+		t.Fatalf("want 1 forbidden nesting, got %d", len(fs))
+	}
+	f := fs[0]
+	if f.Occurrences != 7 || len(f.Seen) != 2 {
+		t.Fatalf("occurrences %d, seen %+v", f.Occurrences, f.Seen)
+	}
+	p0, p1 := f.Seen[0], f.Seen[1]
+	if p0.PID != 100 || p0.Count != 3 || len(p0.Threads) != 2 || p0.Threads[0].Count != 2 || p0.Threads[1].Count != 1 ||
+		p0.Rank == nil || *p0.Rank != 0 {
+		t.Errorf("rank 0: %+v", p0)
+	}
+	if p1.PID != 200 || p1.Count != 4 || len(p1.Threads) != 1 || p1.Rank == nil || *p1.Rank != 1 {
+		t.Errorf("rank 1: %+v", p1)
+	}
+	if f.Merged != "merged from 2 processes in 2 traces" {
+		t.Errorf("merged %q", f.Merged)
+	}
+	text := strings.Join(f.SeenText(), "\n")
+	for _, want := range []string{"pid 100 (rank 0, app, trace0): 3 times; threads 100 (app) 2x, 101 (worker) 1x", "pid 200 (rank 1, app, trace1): 4 times; thread 200 (app)"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("seen text lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+// TestSeenSelfDeadlock: a self-deadlock seen in two ranks' traces is
+// counted in each process.
+func TestSeenSelfDeadlock(t *testing.T) {
+	var traces []*tracebuild.Trace
+	for _, pid := range []uint32{100, 200} {
+		b := named(tracebuild.New(pid, &events.Header{})).Thread(pid, "app")
+		b.Lock(pid, lockA, "pthread_mutex_lock"+libc, "take_twice", "main")
+		b.Lock(pid, lockA, "pthread_mutex_lock"+libc, "take_again", "take_twice", "main")
+		traces = append(traces, b.Footer(nil))
+	}
+	fs := ofKind(analyze(Options{}, traces...), KindSelfDeadlock)
+	if len(fs) != 1 {
+		t.Fatalf("want 1 self-deadlock, got %d", len(fs))
+	}
+	f := fs[0]
+	if len(f.Seen) != 2 || f.Seen[0].PID != 100 || f.Seen[0].Count != 1 || f.Seen[1].PID != 200 || f.Seen[1].Count != 1 ||
+		f.Merged != "merged from 2 processes in 2 traces" {
+		t.Errorf("seen %+v, merged %q", f.Seen, f.Merged)
+	}
+}
