@@ -21,8 +21,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -102,12 +100,6 @@ func New(opts source.Options) (*Tracer, error) {
 		return nil, err
 	}
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
-		return nil, err
-	}
-	// The stack scans as bpf_loop callbacks (5.17 and later): 6.1's
-	// verifier ran out of instructions on them as loops, and 6.18's
-	// verifies uprobe_hook in half the instructions so.
-	if err := set("scan_with_loop", b2u(features.HaveProgramHelper(ebpf.Kprobe, asm.FnLoop) == nil)); err != nil {
 		return nil, err
 	}
 	mask, why := directMapMask(haveKfunc("bpf_rdonly_cast"))
