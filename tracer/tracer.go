@@ -109,6 +109,15 @@ func New(opts source.Options) (*Tracer, error) {
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
 	}
+	if !haveUprobeMulti() {
+		// One perf-event uprobe per site (attachUprobes): a kernel that
+		// knows uprobe_multi refuses those for a program loaded for it.
+		for _, p := range spec.Programs {
+			if p.AttachType == ebpf.AttachTraceUprobeMulti {
+				p.AttachType = ebpf.AttachNone
+			}
+		}
+	}
 	t := &Tracer{opts: opts, noDirectMap: why}
 	// sys_enter alone (auto's part) reads no allocator caller's stack.
 	if t.noDirectMap != "" && !opts.SyscallsOnly {
