@@ -19,12 +19,6 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile __u32 full_mode = 0;   /* emit every call, not only what the analysis needs */
 const volatile __u32 follow_forks = 0;
 const volatile __u32 want_samples = 1; /* raw stack samples inside allocator calls */
-/* Scan stack slots in bpf_loop callbacks (5.17+), verified once, instead
- * of bounded loops: 6.1's verifier walks each of a loop's 512 iterations
- * apart on every path and ran uprobe_hook past its million instructions;
- * 6.18's verifies uprobe_hook in half the instructions so. The loops stay
- * for kernels without bpf_loop. */
-const volatile __u32 scan_with_loop = 0;
 
 /* Set by the tracer once every probe is attached, cleared before any is
  * detached: probes attached one by one would otherwise see, say, a lock
@@ -498,8 +492,12 @@ struct {
 	__type(value, __u32);
 } no_private_stack SEC(".maps");
 
-/* One scan of scratch_map's slots, for scan_with_loop: len bytes were
- * read; slots holding a value in [lo, hi) are folded into h. */
+/* One scan of scratch_map's slots, len bytes of them read: slots holding
+ * a value in [lo, hi) are folded into h. A bpf_loop callback, verified
+ * once, not a bounded loop: 6.1's verifier walked each of the loop's 512
+ * iterations apart on every path and stopped uprobe_hook at its million
+ * instructions, and 6.18's verifies uprobe_hook in half the instructions
+ * so. (bpf_loop is 5.17's, as bpf_find_vma, which the probes need too.) */
 struct slot_scan {
 	__u64 len;
 	__u64 lo;
@@ -545,19 +543,9 @@ static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
 	len &= ~7ULL;
 	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
 		return 1;
-	if (scan_with_loop) {
-		struct slot_scan c = {.len = len, .lo = r->lo, .hi = r->hi, .first = 1};
-		bpf_loop(SCAN_SLOTS, slot_scan_step, &c, 0);
-		return c.found;
-	}
-	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
-		if (i * 8 >= len)
-			break;
-		__u64 v = s->slots[i];
-		if (v >= r->lo && v < r->hi)
-			return 1;
-	}
-	return 0;
+	struct slot_scan c = {.len = len, .lo = r->lo, .hi = r->hi, .first = 1};
+	bpf_loop(SCAN_SLOTS, slot_scan_step, &c, 0);
+	return c.found;
 }
 
 /* Whether the thread is still inside the allocator call recorded in st,
@@ -775,20 +763,9 @@ static __always_inline __u64 sample_key(struct thread_state *st, __u32 pid, __u3
 	len &= ~7ULL;
 	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
 		return 0;
-	if (scan_with_loop) {
-		struct slot_scan c = {.len = len, .lo = r->lo, .hi = r->hi, .h = h};
-		bpf_loop(SCAN_SLOTS, slot_scan_step, &c, 0);
-		h = c.h;
-		return h ? h : 1;
-	}
-	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
-		if (i * 8 >= len)
-			break;
-		__u64 v = s->slots[i];
-		if (v >= r->lo && v < r->hi)
-			h = (h ^ v ^ ((__u64)i << 48)) * 0x100000001b3ULL;
-	}
-	return h ? h : 1;
+	struct slot_scan c = {.len = len, .lo = r->lo, .hi = r->hi, .h = h};
+	bpf_loop(SCAN_SLOTS, slot_scan_step, &c, 0);
+	return c.h ? c.h : 1;
 }
 
 /* Sends raw stack memory for user-space unwinding, once per sample_key;

@@ -365,7 +365,6 @@ type hooktraceVariableSpecs struct {
 	LockPageFilter       *ebpf.VariableSpec `ebpf:"lock_page_filter"`
 	LockPageTop          *ebpf.VariableSpec `ebpf:"lock_page_top"`
 	PhysAddrMask         *ebpf.VariableSpec `ebpf:"phys_addr_mask"`
-	ScanWithLoop         *ebpf.VariableSpec `ebpf:"scan_with_loop"`
 	StackMismatches      *ebpf.VariableSpec `ebpf:"stack_mismatches"`
 	StackWalks           *ebpf.VariableSpec `ebpf:"stack_walks"`
 	TracingOn            *ebpf.VariableSpec `ebpf:"tracing_on"`
@@ -458,7 +457,6 @@ type hooktraceVariables struct {
 	LockPageFilter       *ebpf.Variable `ebpf:"lock_page_filter"`
 	LockPageTop          *ebpf.Variable `ebpf:"lock_page_top"`
 	PhysAddrMask         *ebpf.Variable `ebpf:"phys_addr_mask"`
-	ScanWithLoop         *ebpf.Variable `ebpf:"scan_with_loop"`
 	StackMismatches      *ebpf.Variable `ebpf:"stack_mismatches"`
 	StackWalks           *ebpf.Variable `ebpf:"stack_walks"`
 	TracingOn            *ebpf.Variable `ebpf:"tracing_on"`

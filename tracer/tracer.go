@@ -21,8 +21,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -104,18 +102,21 @@ func New(opts source.Options) (*Tracer, error) {
 	if err := set("want_samples", b2u(!opts.NoSamples)); err != nil {
 		return nil, err
 	}
-	// The stack scans as bpf_loop callbacks (5.17 and later): 6.1's
-	// verifier ran out of instructions on them as loops, and 6.18's
-	// verifies uprobe_hook in half the instructions so.
-	if err := set("scan_with_loop", b2u(features.HaveProgramHelper(ebpf.Kprobe, asm.FnLoop) == nil)); err != nil {
-		return nil, err
-	}
 	mask, why := directMapMask(haveKfunc("bpf_rdonly_cast"))
 	if err := spec.Variables["phys_addr_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting phys_addr_mask: %w", err)
 	}
 	if opts.RingBytes > 0 {
 		spec.Maps["ring"].MaxEntries = uint32(opts.RingBytes)
+	}
+	if !haveUprobeMulti() {
+		// One perf-event uprobe per site (attachUprobes): a kernel that
+		// knows uprobe_multi refuses those for a program loaded for it.
+		for _, p := range spec.Programs {
+			if p.AttachType == ebpf.AttachTraceUprobeMulti {
+				p.AttachType = ebpf.AttachNone
+			}
+		}
 	}
 	t := &Tracer{opts: opts, noDirectMap: why}
 	// sys_enter alone (auto's part) reads no allocator caller's stack.

@@ -159,3 +159,39 @@ func TestStacksReadThroughDirectMap(t *testing.T) {
 		})
 	}
 }
+
+// TestOneUprobePerSite: where the kernel has no uprobe_multi links (6.1),
+// each site gets its own uprobe with the same cookie, and the tracer sees
+// what it sees through the links: every lock and unlock of an inversion,
+// each op told by its cookie.
+func TestOneUprobePerSite(t *testing.T) {
+	testenv.RequireBPF(t)
+	prog := testenv.Program(t, "inversion")
+	count := func(recs []events.Record) map[events.Op]int {
+		n := map[events.Op]int{}
+		for _, r := range recs {
+			if r.Kind == events.RecEvent {
+				n[r.Event.Op]++
+			}
+		}
+		return n
+	}
+	multi, _ := trace(t, source.Options{Mode: source.ModeFull}, prog)
+	tracer.WithoutUprobeMulti(t)
+	single, tr := trace(t, source.Options{Mode: source.ModeFull}, prog)
+	m, s := count(multi), count(single)
+	for _, op := range []events.Op{events.OpMutexLock, events.OpMutexUnlock} {
+		if s[op] < 4 || s[op] != m[op] {
+			t.Errorf("%v: %d events with one uprobe a site, %d with uprobe_multi; want the same, at least 4", op, s[op], m[op])
+		}
+	}
+	uprobes := 0
+	for _, site := range tr.Sites() {
+		if site.Kind == "uprobe" {
+			uprobes++
+		}
+	}
+	if uprobes == 0 {
+		t.Errorf("no uprobe sites placed: %v", tr.Sites())
+	}
+}

@@ -197,9 +197,10 @@ func resolveRecorder(f *traceFlags, argv []string) error {
 	return nil
 }
 
-// explainRecorderError adds why auto chose eBPF to its permission error.
+// explainRecorderError adds why auto chose eBPF to its permission error,
+// or to the kernel's refusal.
 func explainRecorderError(f *traceFlags, err error) error {
-	if f.autoWhy != "" && errors.Is(err, tracer.ErrPermission) {
+	if f.autoWhy != "" && (errors.Is(err, tracer.ErrPermission) || errors.Is(err, tracer.ErrKernel)) {
 		return fmt.Errorf("%s, so the ebpf recorder is needed: %w", f.autoWhy, err)
 	}
 	return err
