@@ -75,6 +75,7 @@ type inconsistency struct {
 	event    eventNote
 	after    eventNote // incSelf: the event that shows the thread went on
 	count    uint64
+	where    seenCounts // count by process and thread
 	self     *selfSighting
 	// Misuse: the first holder seen (another thread, or for a destroy the
 	// thread itself), and how many of the calls found the lock held by
@@ -110,6 +111,7 @@ func (a *Analyzer) checkOutlived(t *thread, e *events.Event) {
 	k := incKey{incSelf, s.inst.id, itoa(uint64(s.kind)) + boolWord(s.viaHook) + s.allocOp.String()}
 	if r := a.incons[k]; r != nil {
 		r.count++
+		r.where.add(t.stream, t.pid, t.tid, 1)
 		return
 	}
 	r := &inconsistency{
@@ -126,6 +128,10 @@ func (a *Analyzer) addInconsistency(k incKey, r *inconsistency) {
 		a.incons = map[incKey]*inconsistency{}
 	}
 	r.key = k
+	if r.where == nil {
+		r.where = seenCounts{}
+		r.where.add(r.stream, r.pid, r.tid, r.count)
+	}
 	a.incons[k] = r
 	a.inconList = append(a.inconList, r)
 }
@@ -153,6 +159,7 @@ func threadLabel(s *stream, tid uint32) string {
 // outlived, one per lock class.
 func (a *Analyzer) selfInconsistencyFindings(n *naming) []Finding {
 	var out []Finding
+	var where []seenCounts // by finding
 	index := map[string]int{}
 	for _, r := range a.inconList {
 		if r.kind != incSelf || !r.self.disproved() {
@@ -165,9 +172,12 @@ func (a *Analyzer) selfInconsistencyFindings(n *naming) []Finding {
 		id := findingID(KindTraceInconsistency, itoa(uint64(r.kind)), n.key(r.inst), "")
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += r.count
+			where[i].merge(r.where)
 			continue
 		}
 		index[id] = len(out)
+		where = append(where, seenCounts{})
+		where[len(where)-1].merge(r.where)
 		who := threadLabel(r.stream, r.tid)
 		e := Edge{From: lock, To: lock, Thread: r.tid, ThreadName: r.stream.threadName(r.tid), PID: r.pid, Source: r.stream.source,
 			Context: r.event.op.String() + "(" + lock + ") while holding it, then " + r.after.String()}
@@ -188,6 +198,9 @@ func (a *Analyzer) selfInconsistencyFindings(n *naming) []Finding {
 			Threads:     []uint32{r.tid},
 			Occurrences: r.count,
 		})
+	}
+	for i := range out {
+		out[i].Seen = where[i].list()
 	}
 	return out
 }

@@ -170,6 +170,7 @@ func (a *Analyzer) misuse(t *thread, e *events.Event, kind inconsistencyKind, in
 	if r := a.incons[k]; r != nil {
 		r.count++
 		r.foreign += foreign
+		r.where.add(t.stream, t.pid, t.tid, 1)
 		return
 	}
 	a.addInconsistency(k, &inconsistency{
@@ -208,6 +209,7 @@ func (a *Analyzer) misuseFindings(n *naming) ([]Finding, []*misusedClass) {
 	var classes []*misusedClass
 	byName := map[string]*misusedClass{}
 	index := map[string]int{}
+	var where []seenCounts // by finding
 	for _, r := range a.inconList {
 		if r.kind == incSelf {
 			continue
@@ -223,9 +225,12 @@ func (a *Analyzer) misuseFindings(n *naming) ([]Finding, []*misusedClass) {
 		id := findingID(kind, call, n.key(r.inst), stableSite(callerFrame(r.event.stack)))
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += r.count
+			where[i].merge(r.where)
 			continue
 		}
 		index[id] = len(out)
+		where = append(where, seenCounts{})
+		where[len(where)-1].merge(r.where)
 		f := r.misuseFinding(n)
 		f.ID, f.Kind = id, kind
 		if kind == KindTraceInconsistency {
@@ -247,6 +252,9 @@ func (a *Analyzer) misuseFindings(n *naming) ([]Finding, []*misusedClass) {
 			c.ids = append(c.ids, id)
 		}
 		out = append(out, f)
+	}
+	for i := range out {
+		out[i].Seen = where[i].list()
 	}
 	return out, classes
 }

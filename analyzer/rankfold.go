@@ -267,6 +267,7 @@ func (a *Analyzer) foldGroup(g, rep *rankGroup) {
 	for i, x := range g.incons {
 		r := rep.incons[i]
 		r.count += x.count
+		r.where.merge(x.where)
 		r.foreign += x.foreign
 		delete(a.incons, x.key)
 		gone[x] = true

@@ -183,7 +183,10 @@ func (f *Finding) SeenText() []string {
 		if len(tags) > 0 {
 			b.WriteString(" (" + strings.Join(tags, ", ") + ")")
 		}
-		if sn.Count > 0 {
+		switch {
+		case sn.Count == 1:
+			b.WriteString(": once")
+		case sn.Count > 1:
 			b.WriteString(": " + strconv.FormatUint(sn.Count, 10) + " times")
 		}
 		b.WriteString("; thread")

@@ -391,7 +391,8 @@ func (t *timeline) event(e *events.Event) {
 	case op == events.OpProbeEnter:
 		name := "probe#" + strconv.FormatUint(e.Arg, 10)
 		if h := t.header; h != nil && e.Arg < uint64(len(h.UserProbes)) {
-			name = h.UserProbes[e.Arg]
+			// A rule pack's optional probe is spelled "?NAME".
+			name = strings.TrimPrefix(h.UserProbes[e.Arg], "?")
 		}
 		args := map[string]any{}
 		if inAlloc {

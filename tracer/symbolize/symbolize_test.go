@@ -406,6 +406,7 @@ func TestObjectCPlusPlus(t *testing.T) {
 		{"_ZN2ns5Class6methodEi", methodInt, "ns::Class::method(int)"},
 		{"ns::Class::only", only, "ns::Class::only(int)"},
 		{"ns::Class::only(int)", only, "ns::Class::only(int)"},
+		{" ns::Class::method( int ) ", methodInt, "ns::Class::method(int)"},
 	} {
 		s, err := o.Func(c.query)
 		if err != nil {
@@ -436,6 +437,30 @@ func TestObjectCPlusPlus(t *testing.T) {
 	table := elfSymbol(t, bin, "_ZN2nsL15lock_like_tableE")
 	if name, ok := o.dataName(table.Value+8, bin); !ok || name != "ns::lock_like_table+0x8 (cls)" {
 		t.Errorf("data name = %q, %v; want ns::lock_like_table+0x8 (cls)", name, ok)
+	}
+}
+
+// TestFuncsClones: gcc -O2 leaves only worker.constprop.0 (what main
+// calls) and its .cold fragment: Funcs("worker") is the clone alone, and
+// Func, which wants the function itself, does not find it.
+func TestFuncsClones(t *testing.T) {
+	bin := testenv.Program(t, "clones")
+	o, err := Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syms, err := o.Funcs("worker")
+	if err != nil || len(syms) != 1 || syms[0].Mangled != "worker.constprop.0" {
+		t.Fatalf("Funcs(worker) = %+v, %v; want worker.constprop.0 alone", syms, err)
+	}
+	if _, err := o.Func("worker"); !errors.Is(err, ErrSymbolNotFound) {
+		t.Errorf("Func(worker) = %v; want not found", err)
+	}
+	if syms, err := o.Funcs("main"); err != nil || len(syms) != 1 || syms[0].Mangled != "main" {
+		t.Errorf("Funcs(main) = %+v, %v", syms, err)
+	}
+	if _, err := o.Funcs("no_such_function"); !errors.Is(err, ErrSymbolNotFound) {
+		t.Errorf("Funcs(no_such_function) = %v", err)
 	}
 }
 
