@@ -504,3 +504,53 @@ func TestAttachPreloadExec(t *testing.T) {
 		t.Errorf("cat after the detach: %v", err)
 	}
 }
+
+// seccompProg installs an allow-all seccomp filter, says "ready" and
+// waits for stdin to close.
+const seccompProg = `#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+int main(void)
+{
+	struct sock_filter allow[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+	struct sock_fprog prog = {1, allow};
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+		return 1;
+	printf("ready\n");
+	fflush(stdout);
+	char c;
+	while (read(0, &c, 1) == 1)
+		;
+	return 0;
+}
+`
+
+// TestAttachPreloadSeccomp: a process under a seccomp filter is not
+// injected (the library's system calls might break the filter):
+// --recorder preload says so, and auto, as an ordinary user, exits 4
+// naming it and eBPF's want of privilege.
+func TestAttachPreloadSeccomp(t *testing.T) {
+	prog := testenv.C{Code: seccompProg, Name: "seccomped"}.Build(t)
+	cmd := asNobody(t, prog, prog)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); cmd.Wait() }()
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("the program said %q", line)
+	}
+	stderr, code := runAttachAsNobody(t, cmd.Process.Pid, "--recorder", "preload")
+	if code != exitFailure || !strings.Contains(stderr, "runs under seccomp") {
+		t.Errorf("--recorder preload: exit %d, want %d, saying the process runs under seccomp:\n%s", code, exitFailure, stderr)
+	}
+	if os.Geteuid() == 0 {
+		stderr, code = runAttachAsNobody(t, cmd.Process.Pid)
+		if code != exitPermission || !strings.Contains(stderr, "runs under seccomp") || !strings.Contains(stderr, "not permitted to load BPF") {
+			t.Errorf("auto: exit %d, want %d, with both reasons:\n%s", code, exitPermission, stderr)
+		}
+	}
+}
