@@ -554,3 +554,19 @@ func TestAttachPreloadSeccomp(t *testing.T) {
 		}
 	}
 }
+
+// TestAttachPreloadProbe: --probe under attach needs eBPF's uprobes (the
+// injected library places no breakpoints): --recorder preload is a usage
+// error, auto says it records with eBPF.
+func TestAttachPreloadProbe(t *testing.T) {
+	c := startCommandTarget(t)
+	stderr, code := runAttachAsNobody(t, c.pid(), "--recorder", "preload", "--probe", "a_then_b")
+	if code != exitUsage || !strings.Contains(stderr, "--probe and --forbid need the eBPF recorder") {
+		t.Errorf("--recorder preload --probe: exit %d, want %d:\n%s", code, exitUsage, stderr)
+	}
+	stderr, _ = runAttachAsNobody(t, c.pid(), "--probe", "a_then_b")
+	if !strings.Contains(stderr, "recording with eBPF: --probe and --forbid need the eBPF recorder") {
+		t.Errorf("auto --probe does not say it records with eBPF:\n%s", stderr)
+	}
+	c.phase(10)
+}
