@@ -125,7 +125,13 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 			if err != nil {
 				return err
 			}
-			rc, err := s.Call(t, base+offAttach, at, p.id)
+			// The memories of earlier attaches go when no thread is
+			// anywhere in the library (a wrapper's wait included).
+			release := uint64(0)
+			if unsafeWhere(s, p.safetySymbolizer(pid), anyLibraryFrame) == "" {
+				release = 1
+			}
+			rc, err := s.Call(t, base+offAttach, at, p.id, release)
 			if err == nil {
 				// Mapped: the process keeps no descriptor of it.
 				_, err = s.Call(t, libc.close, fd)
@@ -499,6 +505,9 @@ func inLibrary(i int, obj string) string {
 	}
 	return ""
 }
+
+// anyLibraryFrame is inLibrary at any depth.
+func anyLibraryFrame(i int, fn, obj string) string { return inLibrary(0, obj) }
 
 // unsafeFrame says why frame i, in function fn of object obj, makes a
 // call into the loader unsafe, or "".

@@ -240,8 +240,13 @@ func TestAttachPreloadCycles(t *testing.T) {
 		checkPhaseCounts(t, fmt.Sprintf("attach %d", i+1), rep.Stats.Calls, uint64(100+i))
 		ref.phase(100 + i)
 	}
-	if n := mappedInjected(t, c.pid()); n != 1 {
+	if n := mappedInjected(t, c.pid(), "libhooktrace_inject-"); n != 1 {
 		t.Errorf("the recorder library is mapped from %d files after 10 attaches, want 1", n)
+	}
+	// No thread was in the library at any attach: each let the earlier
+	// memories go, and the last detach's stays.
+	if n := mappedInjected(t, c.pid(), "hooktrace-ring"); n != 1 {
+		t.Errorf("%d shared memories mapped after 10 attaches, want 1", n)
 	}
 	c.phase(1000)
 	ref.phase(1000)
@@ -253,20 +258,21 @@ func TestAttachPreloadCycles(t *testing.T) {
 	}
 }
 
-// mappedInjected counts the files of the injected library pid maps.
-func mappedInjected(t *testing.T, pid int) int {
+// mappedInjected counts what pid maps from offset 0 of files whose name
+// has name in it: the loads of a library, the shared memories.
+func mappedInjected(t *testing.T, pid int, name string) int {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string]bool{}
+	n := 0
 	for _, line := range strings.Split(string(b), "\n") {
-		if i := strings.Index(line, "/"); i >= 0 && strings.Contains(line, "libhooktrace_inject-") {
-			files[line[i:]] = true
+		if f := strings.Fields(line); len(f) >= 6 && f[2] == "00000000" && strings.Contains(f[5], name) {
+			n++
 		}
 	}
-	return len(files)
+	return n
 }
 
 // TestAttachPreloadKilled: an attach killed with SIGKILL, whose ring then
@@ -465,6 +471,11 @@ func TestAttachPreloadBlockedInWrapper(t *testing.T) {
 	c.expect("held")
 	a.stop(t)
 	a = startAttach(t, c.pid(), "--recorder", "preload")
+	// The holder waits inside the library's wrapper: the first attach's
+	// memory stays, as does the second's.
+	if n := mappedInjected(t, c.pid(), "hooktrace-ring"); n != 2 {
+		t.Errorf("%d shared memories mapped, want 2", n)
+	}
 	c.phase(300)
 	io.WriteString(c.in, "release\n")
 	c.expect("released")
