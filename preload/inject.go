@@ -81,6 +81,10 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 	if o.Wait == 0 {
 		o.Wait = 2 * time.Second
 	}
+	if stoppedByJobControl(pid) {
+		// The calls would run its threads while the user has it stopped.
+		return &NotInjectableError{fmt.Sprintf("pid %d is stopped (SIGSTOP, Ctrl-Z): continue it first", pid)}
+	}
 	maps, err := symbolize.ReadMaps(pid)
 	if err != nil {
 		return fmt.Errorf("pid %d: %w", pid, err)
@@ -241,6 +245,16 @@ func (p *Preload) watchInjected(pid int, base uint64) error {
 	}
 	p.sysWatched = true
 	return nil
+}
+
+// stoppedByJobControl says whether pid is stopped by a signal (state T).
+func stoppedByJobControl(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
 }
 
 type unsafeError struct{ why string }

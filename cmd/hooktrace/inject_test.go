@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -580,4 +581,33 @@ func TestAttachPreloadProbe(t *testing.T) {
 		t.Errorf("auto --probe does not say it records with eBPF:\n%s", stderr)
 	}
 	c.phase(10)
+}
+
+// TestAttachPreloadStopped: a process the user stopped (SIGSTOP) is not
+// run by attach's calls: it says so, and the process stays stopped until
+// continued, then runs on.
+func TestAttachPreloadStopped(t *testing.T) {
+	c := startCommandTarget(t)
+	c.cmd.Process.Signal(syscall.SIGSTOP)
+	for !strings.Contains(procState(t, c.pid()), ") T") {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stderr, code := runAttachAsNobody(t, c.pid(), "--recorder", "preload")
+	if code != exitFailure || !strings.Contains(stderr, "is stopped (SIGSTOP, Ctrl-Z)") {
+		t.Errorf("exit %d, want %d, saying the process is stopped:\n%s", code, exitFailure, stderr)
+	}
+	if st := procState(t, c.pid()); !strings.Contains(st, ") T") {
+		t.Errorf("the process is no longer stopped: %s", st)
+	}
+	c.cmd.Process.Signal(syscall.SIGCONT)
+	c.phase(10)
+}
+
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
