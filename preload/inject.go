@@ -81,6 +81,10 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 	if o.Wait == 0 {
 		o.Wait = 2 * time.Second
 	}
+	if stoppedByJobControl(pid) {
+		// The calls would run its threads while the user has it stopped.
+		return &NotInjectableError{fmt.Sprintf("pid %d is stopped (SIGSTOP, Ctrl-Z): continue it first", pid)}
+	}
 	maps, err := symbolize.ReadMaps(pid)
 	if err != nil {
 		return fmt.Errorf("pid %d: %w", pid, err)
@@ -125,7 +129,13 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 			if err != nil {
 				return err
 			}
-			rc, err := s.Call(t, base+offAttach, at, p.id)
+			// The memories of earlier attaches go when no thread is
+			// anywhere in the library (a wrapper's wait included).
+			release := uint64(0)
+			if unsafeWhere(s, p.safetySymbolizer(pid), anyLibraryFrame) == "" {
+				release = 1
+			}
+			rc, err := s.Call(t, base+offAttach, at, p.id, release)
 			if err == nil {
 				// Mapped: the process keeps no descriptor of it.
 				_, err = s.Call(t, libc.close, fd)
@@ -235,6 +245,16 @@ func (p *Preload) watchInjected(pid int, base uint64) error {
 	}
 	p.sysWatched = true
 	return nil
+}
+
+// stoppedByJobControl says whether pid is stopped by a signal (state T).
+func stoppedByJobControl(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
 }
 
 type unsafeError struct{ why string }
@@ -499,6 +519,9 @@ func inLibrary(i int, obj string) string {
 	}
 	return ""
 }
+
+// anyLibraryFrame is inLibrary at any depth.
+func anyLibraryFrame(i int, fn, obj string) string { return inLibrary(0, obj) }
 
 // unsafeFrame says why frame i, in function fn of object obj, makes a
 // call into the loader unsafe, or "".

@@ -25,6 +25,19 @@ func (a *attachment) openAttached(opts source.Options, cancel <-chan struct{}) (
 		return nil, usageError{fmt.Errorf("--recorder %q: want ebpf, preload or auto", f.recorder)}
 	}
 	auto := f.recorder != recorderPreload
+	if len(opts.UserProbes) > 0 {
+		// The injected library places no breakpoints of its own.
+		why := "--probe and --forbid need the eBPF recorder under attach"
+		if !auto {
+			return nil, usageError{fmt.Errorf("--recorder preload: %s", why)}
+		}
+		f.recorder, f.autoWhy = recorderEBPF, why
+		fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", why)
+		return attachRecorder(f, opts, a.pid)
+	}
+	if f.followForks {
+		fmt.Fprintf(os.Stderr, "hooktrace: pid %d: the injected recorder does not follow forks (--follow-forks): --recorder ebpf does\n", a.pid)
+	}
 	tr, err := attachRecorder(f, opts, a.pid)
 	if err == nil {
 		p := tr.(*preload.Preload)

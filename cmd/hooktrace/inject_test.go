@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -240,8 +241,13 @@ func TestAttachPreloadCycles(t *testing.T) {
 		checkPhaseCounts(t, fmt.Sprintf("attach %d", i+1), rep.Stats.Calls, uint64(100+i))
 		ref.phase(100 + i)
 	}
-	if n := mappedInjected(t, c.pid()); n != 1 {
+	if n := mappedInjected(t, c.pid(), "libhooktrace_inject-"); n != 1 {
 		t.Errorf("the recorder library is mapped from %d files after 10 attaches, want 1", n)
+	}
+	// No thread was in the library at any attach: each let the earlier
+	// memories go, and the last detach's stays.
+	if n := mappedInjected(t, c.pid(), "hooktrace-ring"); n != 1 {
+		t.Errorf("%d shared memories mapped after 10 attaches, want 1", n)
 	}
 	c.phase(1000)
 	ref.phase(1000)
@@ -253,20 +259,21 @@ func TestAttachPreloadCycles(t *testing.T) {
 	}
 }
 
-// mappedInjected counts the files of the injected library pid maps.
-func mappedInjected(t *testing.T, pid int) int {
+// mappedInjected counts what pid maps from offset 0 of files whose name
+// has name in it: the loads of a library, the shared memories.
+func mappedInjected(t *testing.T, pid int, name string) int {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string]bool{}
+	n := 0
 	for _, line := range strings.Split(string(b), "\n") {
-		if i := strings.Index(line, "/"); i >= 0 && strings.Contains(line, "libhooktrace_inject-") {
-			files[line[i:]] = true
+		if f := strings.Fields(line); len(f) >= 6 && f[2] == "00000000" && strings.Contains(f[5], name) {
+			n++
 		}
 	}
-	return len(files)
+	return n
 }
 
 // TestAttachPreloadKilled: an attach killed with SIGKILL, whose ring then
@@ -465,6 +472,11 @@ func TestAttachPreloadBlockedInWrapper(t *testing.T) {
 	c.expect("held")
 	a.stop(t)
 	a = startAttach(t, c.pid(), "--recorder", "preload")
+	// The holder waits inside the library's wrapper: the first attach's
+	// memory stays, as does the second's.
+	if n := mappedInjected(t, c.pid(), "hooktrace-ring"); n != 2 {
+		t.Errorf("%d shared memories mapped, want 2", n)
+	}
 	c.phase(300)
 	io.WriteString(c.in, "release\n")
 	c.expect("released")
@@ -503,4 +515,99 @@ func TestAttachPreloadExec(t *testing.T) {
 	if err := c.cmd.Wait(); err != nil {
 		t.Errorf("cat after the detach: %v", err)
 	}
+}
+
+// seccompProg installs an allow-all seccomp filter, says "ready" and
+// waits for stdin to close.
+const seccompProg = `#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+int main(void)
+{
+	struct sock_filter allow[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+	struct sock_fprog prog = {1, allow};
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+		return 1;
+	printf("ready\n");
+	fflush(stdout);
+	char c;
+	while (read(0, &c, 1) == 1)
+		;
+	return 0;
+}
+`
+
+// TestAttachPreloadSeccomp: a process under a seccomp filter is not
+// injected (the library's system calls might break the filter):
+// --recorder preload says so, and auto, as an ordinary user, exits 4
+// naming it and eBPF's want of privilege.
+func TestAttachPreloadSeccomp(t *testing.T) {
+	prog := testenv.C{Code: seccompProg, Name: "seccomped"}.Build(t)
+	cmd := asNobody(t, prog, prog)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); cmd.Wait() }()
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("the program said %q", line)
+	}
+	stderr, code := runAttachAsNobody(t, cmd.Process.Pid, "--recorder", "preload")
+	if code != exitFailure || !strings.Contains(stderr, "runs under seccomp") {
+		t.Errorf("--recorder preload: exit %d, want %d, saying the process runs under seccomp:\n%s", code, exitFailure, stderr)
+	}
+	if os.Geteuid() == 0 {
+		stderr, code = runAttachAsNobody(t, cmd.Process.Pid)
+		if code != exitPermission || !strings.Contains(stderr, "runs under seccomp") || !strings.Contains(stderr, "not permitted to load BPF") {
+			t.Errorf("auto: exit %d, want %d, with both reasons:\n%s", code, exitPermission, stderr)
+		}
+	}
+}
+
+// TestAttachPreloadProbe: --probe under attach needs eBPF's uprobes (the
+// injected library places no breakpoints): --recorder preload is a usage
+// error, auto says it records with eBPF.
+func TestAttachPreloadProbe(t *testing.T) {
+	c := startCommandTarget(t)
+	stderr, code := runAttachAsNobody(t, c.pid(), "--recorder", "preload", "--probe", "a_then_b")
+	if code != exitUsage || !strings.Contains(stderr, "--probe and --forbid need the eBPF recorder") {
+		t.Errorf("--recorder preload --probe: exit %d, want %d:\n%s", code, exitUsage, stderr)
+	}
+	stderr, _ = runAttachAsNobody(t, c.pid(), "--probe", "a_then_b")
+	if !strings.Contains(stderr, "recording with eBPF: --probe and --forbid need the eBPF recorder") {
+		t.Errorf("auto --probe does not say it records with eBPF:\n%s", stderr)
+	}
+	c.phase(10)
+}
+
+// TestAttachPreloadStopped: a process the user stopped (SIGSTOP) is not
+// run by attach's calls: it says so, and the process stays stopped until
+// continued, then runs on.
+func TestAttachPreloadStopped(t *testing.T) {
+	c := startCommandTarget(t)
+	c.cmd.Process.Signal(syscall.SIGSTOP)
+	for !strings.Contains(procState(t, c.pid()), ") T") {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stderr, code := runAttachAsNobody(t, c.pid(), "--recorder", "preload")
+	if code != exitFailure || !strings.Contains(stderr, "is stopped (SIGSTOP, Ctrl-Z)") {
+		t.Errorf("exit %d, want %d, saying the process is stopped:\n%s", code, exitFailure, stderr)
+	}
+	if st := procState(t, c.pid()); !strings.Contains(st, ") T") {
+		t.Errorf("the process is no longer stopped: %s", st)
+	}
+	c.cmd.Process.Signal(syscall.SIGCONT)
+	c.phase(10)
+}
+
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -126,10 +126,29 @@ static void inject_fork_child(void)
 
 /* Starts recording into the shared memory hooktrace made, opened at path
  * (its descriptor, through /proc/self/fd), of run id. Called with every
- * thread stopped outside the allocator, the loader and this library.
+ * thread stopped outside the allocator, the loader and this library;
+ * release_old when no thread has a frame of it at all, so the memories of
+ * earlier attaches may go.
  * Returns how many GOT slots lead to the library now, or a negative
  * errno. */
-EXPORT __attribute__((noinline)) long hooktrace_attach(const char *path, __u64 id)
+/* The memories of earlier attaches, kept mapped until no thread may
+ * write into them (release_old). */
+#define KEPT_MAPS 64
+static unsigned char *kept[KEPT_MAPS];
+static int nkept;
+
+static void keep_or_release(unsigned char *old, int release_old)
+{
+	if (old && nkept < KEPT_MAPS)
+		kept[nkept++] = old;
+	if (!release_old)
+		return;
+	for (int i = 0; i < nkept; i++)
+		munmap(kept[i], (size_t)(*(__u64 *)(kept[i] + SHM_OFF_DATA) + *(__u64 *)(kept[i] + SHM_OFF_DATA_SIZE)));
+	nkept = 0;
+}
+
+EXPORT __attribute__((noinline)) long hooktrace_attach(const char *path, __u64 id, int release_old)
 {
 	int saved_errno = errno, guard = ts.guard;
 	ts.guard = 1;
@@ -140,8 +159,9 @@ EXPORT __attribute__((noinline)) long hooktrace_attach(const char *path, __u64 i
 		ret = -errno;
 		goto out;
 	}
-	/* The memory of an earlier attach stays mapped: a thread that was
-	 * inside a wrapper then may still write its record into it. */
+	/* The memory of an earlier attach stays mapped while a thread that
+	 * was inside a wrapper then may still write its record into it;
+	 * release_old says no thread is inside the library now. */
 	unsigned char *old = shm;
 	int ok = map_shm(fd, id);
 	close(fd);
@@ -150,6 +170,7 @@ EXPORT __attribute__((noinline)) long hooktrace_attach(const char *path, __u64 i
 		ret = -EINVAL;
 		goto out;
 	}
+	keep_or_release(old, release_old);
 	static int atfork_done;
 	if (!atfork_done && pthread_atfork(NULL, NULL, inject_fork_child) == 0)
 		atfork_done = 1;
