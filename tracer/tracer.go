@@ -113,7 +113,7 @@ func New(opts source.Options) (*Tracer, error) {
 	if t.noDirectMap {
 		t.warnSlowStacks()
 	}
-	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+	if err := loadObjects(spec, &t.objs, opts.SyscallsOnly); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("%w: %v", ErrPermission, err)
 		}
@@ -143,6 +143,36 @@ func New(opts source.Options) (*Tracer, error) {
 	}
 	t.conv = source.NewConverter(opts.Warn)
 	return t, nil
+}
+
+// syscallObjects is what a tracer that places no uprobes loads: the
+// tracepoints and the preloaded recorder's watch. The uprobe programs are
+// most of the verifier's work (seconds); a short program run with the
+// preload recorder and sys_enter must not wait for them.
+type syscallObjects struct {
+	SchedExec       *ebpf.Program `ebpf:"sched_exec"`
+	SchedExit       *ebpf.Program `ebpf:"sched_exit"`
+	SchedFork       *ebpf.Program `ebpf:"sched_fork"`
+	SysEnter        *ebpf.Program `ebpf:"sys_enter"`
+	UprobeShimReady *ebpf.Program `ebpf:"uprobe_shim_ready"`
+	hooktraceMaps
+	hooktraceVariables
+}
+
+// loadObjects loads spec into objs: every program, or with syscallsOnly
+// only syscallObjects' (the others stay nil).
+func loadObjects(spec *ebpf.CollectionSpec, objs *hooktraceObjects, syscallsOnly bool) error {
+	if !syscallsOnly {
+		return spec.LoadAndAssign(objs, nil)
+	}
+	var o syscallObjects
+	if err := spec.LoadAndAssign(&o, nil); err != nil {
+		return err
+	}
+	objs.SchedExec, objs.SchedExit, objs.SchedFork = o.SchedExec, o.SchedExit, o.SchedFork
+	objs.SysEnter, objs.UprobeShimReady = o.SysEnter, o.UprobeShimReady
+	objs.hooktraceMaps, objs.hooktraceVariables = o.hooktraceMaps, o.hooktraceVariables
+	return nil
 }
 
 func b2u(b bool) uint32 {
@@ -491,6 +521,9 @@ func (t *Tracer) ProbeTime() map[string]events.ProgramTime {
 	for name, p := range map[string]*ebpf.Program{
 		"uprobe_hook": t.objs.UprobeHook, "uretprobe_hook": t.objs.UretprobeHook, "sys_enter": t.objs.SysEnter,
 	} {
+		if p == nil { // not loaded (SyscallsOnly)
+			continue
+		}
 		st, err := p.Stats()
 		if err != nil || st.Runtime <= 0 || st.RunCount == 0 {
 			continue
