@@ -436,6 +436,21 @@ static __always_inline __u64 thread_ids(struct thread_state *st)
 	return st->pid_tgid;
 }
 
+/* Whether the thread's process is past its gate. The uprobes are placed
+ * while the gate (hooktrace's own binary, about to exec the target) waits,
+ * and a gate that runs libc code (a test binary built with cgo) calls the
+ * probed functions: those calls are not the target's. A thread's ids are
+ * saved at its first traced hit (thread_ids) or at its exec (sched_exec);
+ * until then the filter says. */
+static __always_inline int gate_passed(struct thread_state *st)
+{
+	if (st->pid_tgid)
+		return 1;
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	__u8 *v = bpf_map_lookup_elem(&traced, &pid);
+	return !v || *v != GATED;
+}
+
 /* Never filled: a program that may tail-call gets no private stack. The
  * verifier gives a uprobe program whose frame is 64 bytes or more a
  * per-CPU private stack, and every bpf_probe_read_user into a variable
@@ -1089,6 +1104,8 @@ int uprobe_hook(struct pt_regs *ctx)
 		bpf_tail_call(ctx, &no_private_stack, 0);
 		return 0;
 	}
+	if (!gate_passed(st))
+		return 0;
 	__u64 cookie = probe_cookie(ctx, st);
 	__u32 op = COOKIE_OP(cookie);
 	__u64 sp = PT_REGS_SP(ctx);
@@ -1336,6 +1353,8 @@ int uretprobe_hook(struct pt_regs *ctx)
 		bpf_tail_call(ctx, &no_private_stack, 0);
 		return 0;
 	}
+	if (!gate_passed(st))
+		return 0;
 	__u64 id = thread_ids(st);
 	if (st->uret_pending > 0)
 		st->uret_pending--;
