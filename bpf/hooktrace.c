@@ -465,6 +465,42 @@ struct {
 	__type(value, __u32);
 } no_private_stack SEC(".maps");
 
+/* The verifier checks a global (non-static, noinline) function once, on
+ * its own, where it checks an inlined one at every call site and on every
+ * path that reaches it: the stack walk and the allocator-call test are
+ * called from every probe, up to a dozen times in uprobe_hook. Their
+ * arguments are scalars or pointers to map values (checked for NULL
+ * inside), so they run from any program type. */
+#define GLOBAL_FUNC __attribute__((noinline))
+
+/* A scan of the stack words copied into a scratch buffer for return
+ * addresses into the allocator's code [lo, hi). */
+struct slot_scan {
+	struct scratch *s;
+	__u64 slots; /* how many words were copied */
+	__u64 lo, hi;
+	__u64 hash; /* with want_hash: every match, hashed with its depth */
+	__u32 want_hash;
+	__u32 found;
+};
+
+/* One word of a slot_scan, run by bpf_loop: the verifier checks the body
+ * once, where it walked an unrolled 512-word loop on every path. */
+static long scan_slot(__u32 i, void *ctx)
+{
+	struct slot_scan *c = ctx;
+	if (i >= SCAN_SLOTS || i >= c->slots)
+		return 1;
+	__u64 v = c->s->slots[i];
+	if (v < c->lo || v >= c->hi)
+		return 0;
+	c->found = 1;
+	if (!c->want_hash)
+		return 1;
+	c->hash = (c->hash ^ v ^ ((__u64)i << 48)) * 0x100000001b3ULL;
+	return 0;
+}
+
 /* Whether a return address into the allocator lies on the live stack
  * between sp and top. */
 static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
@@ -482,14 +518,9 @@ static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
 	len &= ~7ULL;
 	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
 		return 1;
-	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
-		if (i * 8 >= len)
-			break;
-		__u64 v = s->slots[i];
-		if (v >= r->lo && v < r->hi)
-			return 1;
-	}
-	return 0;
+	struct slot_scan c = {.s = s, .slots = len / 8, .lo = r->lo, .hi = r->hi};
+	bpf_loop(SCAN_SLOTS, scan_slot, &c, 0);
+	return c.found;
 }
 
 /* Whether the thread is still inside the allocator call recorded in st,
@@ -500,9 +531,9 @@ static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
  * address in the slot, and the next call of f puts it back), so the live
  * frames in between must also hold a return address into the allocator.
  * User space confirms with the unwound stack. */
-static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp)
+GLOBAL_FUNC int in_alloc(struct thread_state *st, __u32 pid, __u64 sp)
 {
-	if (!st->alloc_sp || !st->alloc_ret)
+	if (!st || !st->alloc_sp || !st->alloc_ret)
 		return 0;
 	/* A call made inside the allocator call has its return slot below
 	 * the allocator's: a probe passes its own return slot as sp, so the
@@ -594,25 +625,30 @@ static __always_inline __u32 walk_fp(__u64 *ips, __u64 ip, __u64 fp)
 	return n;
 }
 
-/* Takes the user stack: the frame-pointer chain, with the immediate caller
- * put back (at a probe before the function's own frame is built, the
- * caller's return address sits at [sp+adj], not in the chain). Sends it
- * once per distinct hash and returns the hash. */
-static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, struct pt_regs *uregs)
+/* The frame-pointer chain from (ip, fp) into the scratch buffer's ips[1..];
+ * returns its size in bytes, as bpf_get_stack does. */
+GLOBAL_FUNC long walk_stack(__u64 ip, __u64 fp)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
 	if (!s)
 		return 0;
-	long n;
-	if (uregs) {
-		n = walk_fp(&s->ips[1], PT_REGS_IP(uregs), PT_REGS_FP(uregs)) * sizeof(__u64);
-	} else {
-		n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
-		if (n <= 0)
-			return 0;
-	}
+	return walk_fp(&s->ips[1], ip, fp) * sizeof(__u64);
+}
+
+/* Sends the stack of n bytes in the scratch buffer's ips[1..], with the
+ * immediate caller put back (at a probe before the function's own frame is
+ * built, the caller's return address sits at ret_slot, not in the chain),
+ * once per distinct hash; returns the hash. */
+GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	if (!s || n <= 0)
+		return 0;
 	__u32 nr = n / sizeof(__u64);
+	if (nr > MAX_FRAMES)
+		nr = MAX_FRAMES;
 	__u32 start = 1;
 	if (ret_slot) {
 		__u64 ret = 0;
@@ -654,6 +690,10 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, st
 	r->pid = pid;
 	r->truncated = n == MAX_FRAMES * sizeof(__u64);
 	r->hash = hash;
+	/* Read back from the record, the count is one the verifier knows
+	 * nothing of: the copy is checked once, not once for each length the
+	 * hash loop may have stopped at (48 times over). */
+	nr = *(volatile __u32 *)&r->nr;
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
 		__u32 j = start + i;
 		if (i >= nr || j > MAX_FRAMES)
@@ -665,6 +705,24 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, st
 	__u8 one = 1;
 	bpf_map_update_elem(&seen_stacks, &hash, &one, BPF_ANY);
 	return hash;
+}
+
+/* Takes the user stack: the frame-pointer chain from uregs, or the
+ * kernel's unwinder's where there are none (or a return probe is pending
+ * and has swapped a return address), and sends it (send_stack). */
+static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, struct pt_regs *uregs)
+{
+	long n;
+	if (uregs) {
+		n = walk_stack(PT_REGS_IP(uregs), PT_REGS_FP(uregs));
+	} else {
+		__u32 zero = 0;
+		struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+		if (!s)
+			return 0;
+		n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
+	}
+	return send_stack(pid, ret_slot, n);
 }
 
 /* What decides a sample's unwound stack, hashed: the process and its
@@ -707,13 +765,9 @@ static __always_inline __u64 sample_key(struct thread_state *st, __u32 pid, __u3
 	len &= ~7ULL;
 	if (len == 0 || bpf_probe_read_user(s->slots, len, (void *)sp))
 		return 0;
-	for (__u32 i = 0; i < SCAN_SLOTS; i++) {
-		if (i * 8 >= len)
-			break;
-		__u64 v = s->slots[i];
-		if (v >= r->lo && v < r->hi)
-			h = (h ^ v ^ ((__u64)i << 48)) * 0x100000001b3ULL;
-	}
+	struct slot_scan c = {.s = s, .slots = len / 8, .lo = r->lo, .hi = r->hi, .hash = h, .want_hash = 1};
+	bpf_loop(SCAN_SLOTS, scan_slot, &c, 0);
+	h = c.hash;
 	return h ? h : 1;
 }
 
@@ -937,8 +991,10 @@ static __always_inline __u32 send_held(const struct held_lock *h, __u32 i, __u64
 
 /* Sends the acquisitions of held locks that were only counted: something
  * new is about to be sent, and the analysis must know what is held. */
-static __always_inline void flush_held(struct thread_state *st, __u64 id)
+GLOBAL_FUNC int flush_held(struct thread_state *st, __u64 id)
 {
+	if (!st)
+		return 0;
 	for (__u32 i = 0; i < MAX_HELD; i++) {
 		if (i >= st->nheld)
 			break;
@@ -947,6 +1003,7 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
 		send_held(&st->held_locks[i], i, id);
 		st->held_locks[i].sent = 1;
 	}
+	return 0;
 }
 
 /* Looks a pattern up in the thread's cache, then in the shared chain
