@@ -640,6 +640,18 @@ GLOBAL_FUNC long walk_stack(__u64 ip, __u64 fp)
  * immediate caller put back (at a probe before the function's own frame is
  * built, the caller's return address sits at ret_slot, not in the chain),
  * once per distinct hash; returns the hash. */
+/* All ones when i < n, else 0, computed without a branch: the empty asm
+ * keeps the compiler from turning the mask back into a comparison and a
+ * jump. */
+static __always_inline __u64 below_mask(__u32 i, __u32 n)
+{
+	__s64 d = (__s64)i - (__s64)n;
+	asm volatile("" : "+r"(d));
+	__u64 m = (__u64)(d >> 63);
+	asm volatile("" : "+r"(m));
+	return m;
+}
+
 GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
 {
 	__u32 zero = 0;
@@ -663,15 +675,14 @@ GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
 	if (nr > MAX_FRAMES)
 		nr = MAX_FRAMES;
 
+	/* The loops run over every slot and keep the first nr by a mask, not
+	 * a branch: a branch on nr made the verifier check the rest of the
+	 * function once for each value it may have (48 times over). */
 	__u64 hash = 0xcbf29ce484222325ULL ^ pid;
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
-		if (i >= nr)
-			break;
-		__u32 j = start + i;
-		if (j > MAX_FRAMES)
-			break;
-		hash ^= s->ips[j];
-		hash *= 0x100000001b3ULL;
+		__u64 keep = below_mask(i, nr);
+		__u64 next = (hash ^ s->ips[start + i]) * 0x100000001b3ULL;
+		hash = (next & keep) | (hash & ~keep);
 	}
 	/* The top bit marks sample ids. */
 	hash &= ~(1ULL << 63);
@@ -690,16 +701,9 @@ GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
 	r->pid = pid;
 	r->truncated = n == MAX_FRAMES * sizeof(__u64);
 	r->hash = hash;
-	/* Read back from the record, the count is one the verifier knows
-	 * nothing of: the copy is checked once, not once for each length the
-	 * hash loop may have stopped at (48 times over). */
-	nr = *(volatile __u32 *)&r->nr;
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
-		__u32 j = start + i;
-		if (i >= nr || j > MAX_FRAMES)
-			r->ips[i] = 0;
-		else
-			r->ips[i] = s->ips[j];
+		__u64 keep = below_mask(i, nr);
+		r->ips[i] = s->ips[start + i] & keep;
 	}
 	bpf_ringbuf_submit(r, ring_flags());
 	__u8 one = 1;
