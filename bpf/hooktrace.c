@@ -348,7 +348,7 @@ struct {
 
 /* Where each traced process's preloaded recorder keeps a thread's
  * struct shim_alloc_state: its offset from the thread pointer (pid ->
- * offset), from the recorder's call of hooktrace_shim_ready. */
+ * offset), as the recorder names it (enum shim_ready). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -1464,23 +1464,6 @@ int uretprobe_hook(struct pt_regs *ctx)
 	return 0;
 }
 
-/* The preloaded recorder names where its per-thread state lies, before
- * the process's first interposed call. Attached with the sys_enter
- * tracepoint alone (no allocator probes), to the recorder's library. A
- * process is in the traced map here already: gated before its exec,
- * followed at its fork. Not gated on tracing_on: the target may start
- * before the reader turns tracing on. */
-SEC("uprobe")
-int uprobe_shim_ready(struct pt_regs *ctx)
-{
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	if (!bpf_map_lookup_elem(&traced, &pid))
-		return 0;
-	__s64 off = (__s64)PT_REGS_PARM1(ctx);
-	bpf_map_update_elem(&shim_tls, &pid, &off, BPF_ANY);
-	return 0;
-}
-
 /* Sends the library a loader handle (struct link_map *, whose first fields
  * are the load bias and the path) names: loaded, or about to be unloaded. */
 static __always_inline void send_object(__u64 handle, __u32 gone)
@@ -1565,6 +1548,24 @@ static __always_inline __u64 shim_alloc_context(struct event *e, __u64 id)
 	return s.alloc_sp;
 }
 
+/* Whether the madvise at regs is the preloaded recorder naming where its
+ * per-thread state lies (enum shim_ready), before the process's first
+ * interposed call; remembers it for a process in the traced map (gated
+ * before its exec, or followed at its fork). Not gated on tracing_on: the
+ * target may start before the reader turns tracing on. */
+static __always_inline int is_shim_ready(struct pt_regs *regs)
+{
+	__u64 len = 0, advice = 0;
+	if (bpf_probe_read_kernel(&len, sizeof(len), &regs->si) || len != SHIM_READY_LEN ||
+	    bpf_probe_read_kernel(&advice, sizeof(advice), &regs->dx) || advice != SHIM_READY_ADVICE)
+		return 0;
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	__s64 off = 0;
+	if (bpf_map_lookup_elem(&traced, &pid) && !bpf_probe_read_kernel(&off, sizeof(off), &regs->di))
+		bpf_map_update_elem(&shim_tls, &pid, &off, BPF_ANY);
+	return 1;
+}
+
 /* Memory syscalls, from the raw tracepoint: sees calls made through a
  * patched libc entry or a raw syscall instruction, and costs no trap. */
 SEC("raw_tracepoint/sys_enter")
@@ -1594,12 +1595,14 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	default:
 		return 0;
 	}
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	if (op == OP_MADVISE && is_shim_ready(regs))
+		return 0;
 	__u64 id;
 	if (!current_traced(&id))
 		return 0;
 	__u32 pid = id >> 32;
 	count_call(op);
-	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
 	struct pt_regs r = {};
 	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
 		return 0;

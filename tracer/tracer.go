@@ -146,15 +146,14 @@ func New(opts source.Options) (*Tracer, error) {
 }
 
 // syscallObjects is what a tracer that places no uprobes loads: the
-// tracepoints and the preloaded recorder's watch. The uprobe programs are
+// tracepoints. The uprobe programs are
 // most of the verifier's work (seconds); a short program run with the
 // preload recorder and sys_enter must not wait for them.
 type syscallObjects struct {
-	SchedExec       *ebpf.Program `ebpf:"sched_exec"`
-	SchedExit       *ebpf.Program `ebpf:"sched_exit"`
-	SchedFork       *ebpf.Program `ebpf:"sched_fork"`
-	SysEnter        *ebpf.Program `ebpf:"sys_enter"`
-	UprobeShimReady *ebpf.Program `ebpf:"uprobe_shim_ready"`
+	SchedExec *ebpf.Program `ebpf:"sched_exec"`
+	SchedExit *ebpf.Program `ebpf:"sched_exit"`
+	SchedFork *ebpf.Program `ebpf:"sched_fork"`
+	SysEnter  *ebpf.Program `ebpf:"sys_enter"`
 	hooktraceMaps
 	hooktraceVariables
 }
@@ -170,7 +169,7 @@ func loadObjects(spec *ebpf.CollectionSpec, objs *hooktraceObjects, syscallsOnly
 		return err
 	}
 	objs.SchedExec, objs.SchedExit, objs.SchedFork = o.SchedExec, o.SchedExit, o.SchedFork
-	objs.SysEnter, objs.UprobeShimReady = o.SysEnter, o.UprobeShimReady
+	objs.SysEnter = o.SysEnter
 	objs.hooktraceMaps, objs.hooktraceVariables = o.hooktraceMaps, o.hooktraceVariables
 	return nil
 }
@@ -224,29 +223,6 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	}
 	// Every probe of pid is placed: tracing can be on from here (see On).
 	return t.On()
-}
-
-// WatchShim lets sys_enter see the allocator calls of the preloaded
-// recorder at lib, in every traced process that loads it: the recorder
-// calls its function symbol with the offset of its per-thread state
-// (struct shim_alloc_state) from the thread pointer, and a memory syscall
-// glibc makes inside free is then flagged as inside that free, as the
-// recorder flags its own records. The probe must be in place before the
-// target starts: a process whose recorder started unwatched is never
-// flagged. The caller lists the site: it is the library's.
-func (t *Tracer) WatchShim(lib, symbol string) error {
-	ex, err := link.OpenExecutable(lib)
-	if err != nil {
-		return fmt.Errorf("opening the preloaded library: %w", err)
-	}
-	l, err := ex.Uprobe(symbol, t.objs.UprobeShimReady, nil)
-	if err != nil {
-		return fmt.Errorf("attaching to %s in the preloaded library: %w", symbol, err)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.links = append(t.links, l)
-	return nil
 }
 
 // Exec places the probes pid's new image needs, called while pid is held
