@@ -978,9 +978,12 @@ static __always_inline __u64 pattern_key(struct thread_state *st, __u32 pid, __u
 }
 
 /* Sends the acquisition of h, the i-th lock held, in thread id's name,
- * at its own time if it has one; returns the lock's kind. */
-static __always_inline __u32 send_held(const struct held_lock *h, __u32 i, __u64 id)
+ * at its own time if it has one; returns the lock's kind. Global: the
+ * loops over the held locks call it up to MAX_HELD times. */
+GLOBAL_FUNC __u32 send_held(const struct held_lock *h, __u32 i, __u64 id)
 {
+	if (!h)
+		return 0;
 	struct event e;
 	event_init(&e, h->op, id);
 	if (h->time)
