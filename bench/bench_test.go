@@ -89,12 +89,7 @@ func BenchmarkOverhead(b *testing.B) {
 			fmt.Fprintf(os.Stderr, "no TSan build: %v\n%s", err, msg)
 		}
 	}
-	if r.Hooktrace = *binary; r.Hooktrace == "" {
-		r.Hooktrace = filepath.Join(dir, "hooktrace")
-		if msg, err := exec.Command("go", "build", "-o", r.Hooktrace, "../cmd/hooktrace").CombinedOutput(); err != nil {
-			b.Fatalf("building hooktrace: %v\n%s", err, msg)
-		}
-	}
+	r.Hooktrace = hooktraceBinary(b, dir)
 	args := []string{strconv.Itoa(*iters), strconv.Itoa(*threads), strconv.Itoa(*mutexes)}
 
 	out := map[string]Outcome{}

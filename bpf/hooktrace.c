@@ -390,7 +390,7 @@ struct {
 
 /* Where each traced process's preloaded recorder keeps a thread's
  * struct shim_alloc_state: its offset from the thread pointer (pid ->
- * offset), from the recorder's call of hooktrace_shim_ready. */
+ * offset), as the recorder names it (enum shim_ready). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -478,6 +478,21 @@ static __always_inline __u64 thread_ids(struct thread_state *st)
 	return st->pid_tgid;
 }
 
+/* Whether the thread's process is past its gate. The uprobes are placed
+ * while the gate (hooktrace's own binary, about to exec the target) waits,
+ * and a gate that runs libc code (a test binary built with cgo) calls the
+ * probed functions: those calls are not the target's. A thread's ids are
+ * saved at its first traced hit (thread_ids) or at its exec (sched_exec);
+ * until then the filter says. */
+static __always_inline int gate_passed(struct thread_state *st)
+{
+	if (st->pid_tgid)
+		return 1;
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	__u8 *v = bpf_map_lookup_elem(&traced, &pid);
+	return !v || *v != GATED;
+}
+
 /* Never filled: a program that may tail-call gets no private stack. The
  * verifier gives a uprobe program whose frame is 64 bytes or more a
  * per-CPU private stack, and every bpf_probe_read_user into a variable
@@ -491,6 +506,14 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } no_private_stack SEC(".maps");
+
+/* The verifier checks a global (non-static, noinline) function once, on
+ * its own, where it checks an inlined one at every call site and on every
+ * path that reaches it: the stack walk and the allocator-call test are
+ * called from every probe, up to a dozen times in uprobe_hook. Their
+ * arguments are scalars or pointers to map values (checked for NULL
+ * inside), so they run from any program type. */
+#define GLOBAL_FUNC __attribute__((noinline))
 
 /* One scan of scratch_map's slots, len bytes of them read: slots holding
  * a value in [lo, hi) are folded into h. A bpf_loop callback, verified
@@ -556,9 +579,9 @@ static __always_inline int alloc_frame_between(__u32 pid, __u64 sp, __u64 top)
  * address in the slot, and the next call of f puts it back), so the live
  * frames in between must also hold a return address into the allocator.
  * User space confirms with the unwound stack. */
-static __always_inline int in_alloc(struct thread_state *st, __u32 pid, __u64 sp)
+GLOBAL_FUNC int in_alloc(struct thread_state *st, __u32 pid, __u64 sp)
 {
-	if (!st->alloc_sp || !st->alloc_ret)
+	if (!st || !st->alloc_sp || !st->alloc_ret)
 		return 0;
 	/* A call made inside the allocator call has its return slot below
 	 * the allocator's: a probe passes its own return slot as sp, so the
@@ -650,25 +673,42 @@ static __always_inline __u32 walk_fp(__u64 *ips, __u64 ip, __u64 fp)
 	return n;
 }
 
-/* Takes the user stack: the frame-pointer chain, with the immediate caller
- * put back (at a probe before the function's own frame is built, the
- * caller's return address sits at [sp+adj], not in the chain). Sends it
- * once per distinct hash and returns the hash. */
-static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, struct pt_regs *uregs)
+/* The frame-pointer chain from (ip, fp) into the scratch buffer's ips[1..];
+ * returns its size in bytes, as bpf_get_stack does. */
+GLOBAL_FUNC long walk_stack(__u64 ip, __u64 fp)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
 	if (!s)
 		return 0;
-	long n;
-	if (uregs) {
-		n = walk_fp(&s->ips[1], PT_REGS_IP(uregs), PT_REGS_FP(uregs)) * sizeof(__u64);
-	} else {
-		n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
-		if (n <= 0)
-			return 0;
-	}
+	return walk_fp(&s->ips[1], ip, fp) * sizeof(__u64);
+}
+
+/* Sends the stack of n bytes in the scratch buffer's ips[1..], with the
+ * immediate caller put back (at a probe before the function's own frame is
+ * built, the caller's return address sits at ret_slot, not in the chain),
+ * once per distinct hash; returns the hash. */
+/* All ones when i < n, else 0, computed without a branch: the empty asm
+ * keeps the compiler from turning the mask back into a comparison and a
+ * jump. */
+static __always_inline __u64 below_mask(__u32 i, __u32 n)
+{
+	__s64 d = (__s64)i - (__s64)n;
+	asm volatile("" : "+r"(d));
+	__u64 m = (__u64)(d >> 63);
+	asm volatile("" : "+r"(m));
+	return m;
+}
+
+GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	if (!s || n <= 0)
+		return 0;
 	__u32 nr = n / sizeof(__u64);
+	if (nr > MAX_FRAMES)
+		nr = MAX_FRAMES;
 	__u32 start = 1;
 	if (ret_slot) {
 		__u64 ret = 0;
@@ -683,15 +723,14 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, st
 	if (nr > MAX_FRAMES)
 		nr = MAX_FRAMES;
 
+	/* The loops run over every slot and keep the first nr by a mask, not
+	 * a branch: a branch on nr made the verifier check the rest of the
+	 * function once for each value it may have (48 times over). */
 	__u64 hash = 0xcbf29ce484222325ULL ^ pid;
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
-		if (i >= nr)
-			break;
-		__u32 j = start + i;
-		if (j > MAX_FRAMES)
-			break;
-		hash ^= s->ips[j];
-		hash *= 0x100000001b3ULL;
+		__u64 keep = below_mask(i, nr);
+		__u64 next = (hash ^ s->ips[start + i]) * 0x100000001b3ULL;
+		hash = (next & keep) | (hash & ~keep);
 	}
 	/* The top bit marks sample ids. */
 	hash &= ~(1ULL << 63);
@@ -711,16 +750,31 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, st
 	r->truncated = n == MAX_FRAMES * sizeof(__u64);
 	r->hash = hash;
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
-		__u32 j = start + i;
-		if (i >= nr || j > MAX_FRAMES)
-			r->ips[i] = 0;
-		else
-			r->ips[i] = s->ips[j];
+		__u64 keep = below_mask(i, nr);
+		r->ips[i] = s->ips[start + i] & keep;
 	}
 	bpf_ringbuf_submit(r, ring_flags());
 	__u8 one = 1;
 	bpf_map_update_elem(&seen_stacks, &hash, &one, BPF_ANY);
 	return hash;
+}
+
+/* Takes the user stack: the frame-pointer chain from uregs, or the
+ * kernel's unwinder's where there are none (or a return probe is pending
+ * and has swapped a return address), and sends it (send_stack). */
+static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, struct pt_regs *uregs)
+{
+	long n;
+	if (uregs) {
+		n = walk_stack(PT_REGS_IP(uregs), PT_REGS_FP(uregs));
+	} else {
+		__u32 zero = 0;
+		struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+		if (!s)
+			return 0;
+		n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
+	}
+	return send_stack(pid, ret_slot, n);
 }
 
 /* What decides a sample's unwound stack, hashed: the process and its
@@ -1000,9 +1054,12 @@ static __always_inline __u64 pattern_key(struct thread_state *st, __u32 pid, __u
 }
 
 /* Sends the acquisition of h, the i-th lock held, in thread id's name,
- * at its own time if it has one; returns the lock's kind. */
-static __always_inline __u32 send_held(const struct held_lock *h, __u32 i, __u64 id)
+ * at its own time if it has one; returns the lock's kind. Global: the
+ * loops over the held locks call it up to MAX_HELD times. */
+GLOBAL_FUNC __u32 send_held(const struct held_lock *h, __u32 i, __u64 id)
 {
+	if (!h)
+		return 0;
 	struct event e;
 	event_init(&e, h->op, id);
 	if (h->time)
@@ -1017,8 +1074,10 @@ static __always_inline __u32 send_held(const struct held_lock *h, __u32 i, __u64
 
 /* Sends the acquisitions of held locks that were only counted: something
  * new is about to be sent, and the analysis must know what is held. */
-static __always_inline void flush_held(struct thread_state *st, __u64 id)
+GLOBAL_FUNC int flush_held(struct thread_state *st, __u64 id)
 {
+	if (!st)
+		return 0;
 	for (__u32 i = 0; i < MAX_HELD; i++) {
 		if (i >= st->nheld)
 			break;
@@ -1027,6 +1086,7 @@ static __always_inline void flush_held(struct thread_state *st, __u64 id)
 		send_held(&st->held_locks[i], i, id);
 		st->held_locks[i].sent = 1;
 	}
+	return 0;
 }
 
 /* Looks a pattern up in the thread's cache, then in the shared chain
@@ -1234,6 +1294,8 @@ int uprobe_hook(struct pt_regs *ctx)
 		bpf_tail_call(ctx, &no_private_stack, 0);
 		return 0;
 	}
+	if (!gate_passed(st))
+		return 0;
 	__u64 cookie = probe_cookie(ctx, st);
 	__u32 op = COOKIE_OP(cookie);
 	__u64 sp = PT_REGS_SP(ctx);
@@ -1499,6 +1561,8 @@ int uretprobe_hook(struct pt_regs *ctx)
 		bpf_tail_call(ctx, &no_private_stack, 0);
 		return 0;
 	}
+	if (!gate_passed(st))
+		return 0;
 	__u64 id = thread_ids(st);
 	if (st->uret_pending > 0)
 		st->uret_pending--;
@@ -1546,23 +1610,6 @@ int uretprobe_hook(struct pt_regs *ctx)
 		held_push(st, cond ? e->addr2 : e->addr, cond ? OP_MUTEX_LOCK : op, e->arg, e->stack, e->time, 1);
 		lock_page_add(id >> 32, cond ? e->addr2 : e->addr);
 	}
-	return 0;
-}
-
-/* The preloaded recorder names where its per-thread state lies, before
- * the process's first interposed call. Attached with the sys_enter
- * tracepoint alone (no allocator probes), to the recorder's library. A
- * process is in the traced map here already: gated before its exec,
- * followed at its fork. Not gated on tracing_on: the target may start
- * before the reader turns tracing on. */
-SEC("uprobe")
-int uprobe_shim_ready(struct pt_regs *ctx)
-{
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	if (!bpf_map_lookup_elem(&traced, &pid))
-		return 0;
-	__s64 off = (__s64)PT_REGS_PARM1(ctx);
-	bpf_map_update_elem(&shim_tls, &pid, &off, BPF_ANY);
 	return 0;
 }
 
@@ -1650,6 +1697,24 @@ static __always_inline __u64 shim_alloc_context(struct event *e, __u64 id)
 	return s.alloc_sp;
 }
 
+/* Whether the madvise at regs is the preloaded recorder naming where its
+ * per-thread state lies (enum shim_ready), before the process's first
+ * interposed call; remembers it for a process in the traced map (gated
+ * before its exec, or followed at its fork). Not gated on tracing_on: the
+ * target may start before the reader turns tracing on. */
+static __always_inline int is_shim_ready(struct pt_regs *regs)
+{
+	__u64 len = 0, advice = 0;
+	if (bpf_probe_read_kernel(&len, sizeof(len), &regs->si) || len != SHIM_READY_LEN ||
+	    bpf_probe_read_kernel(&advice, sizeof(advice), &regs->dx) || advice != SHIM_READY_ADVICE)
+		return 0;
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	__s64 off = 0;
+	if (bpf_map_lookup_elem(&traced, &pid) && !bpf_probe_read_kernel(&off, sizeof(off), &regs->di))
+		bpf_map_update_elem(&shim_tls, &pid, &off, BPF_ANY);
+	return 1;
+}
+
 /* Memory syscalls, from the raw tracepoint: sees calls made through a
  * patched libc entry or a raw syscall instruction, and costs no trap. */
 SEC("raw_tracepoint/sys_enter")
@@ -1679,12 +1744,14 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	default:
 		return 0;
 	}
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	if (op == OP_MADVISE && is_shim_ready(regs))
+		return 0;
 	__u64 id;
 	if (!current_traced(&id))
 		return 0;
 	__u32 pid = id >> 32;
 	count_call(op);
-	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
 	struct pt_regs r = {};
 	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
 		return 0;

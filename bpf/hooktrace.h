@@ -217,10 +217,17 @@ struct object {
  * no allocator probes; it reads this to flag a memory syscall made inside
  * free or malloc as the shim flags its own records. The shim names the
  * offset from the thread pointer (initial-exec TLS: one offset for every
- * thread of a process) by calling hooktrace_shim_ready(offset) once per
- * process image that records, a function the BPF side's
- * uprobe_shim_ready is attached to. tid tells a thread's own state from
- * one a fork child inherited. */
+ * thread of a process) once per process image that records, by a syscall
+ * the tracepoint sees: madvise(offset, SHIM_READY_LEN, SHIM_READY_ADVICE),
+ * which the kernel refuses (there is no such advice). A uprobe on a
+ * function of the shim did it before, and its attach and detach (about
+ * 0.1 s) were most of a short program's start-up under the auto recorder.
+ * tid tells a thread's own state from one a fork child inherited. */
+enum shim_ready {
+	SHIM_READY_LEN = 0x68747264,    /* "htrd" */
+	SHIM_READY_ADVICE = 0x68747264, /* no madvise advice: EINVAL */
+};
+
 struct shim_alloc_state {
 	__u32 tid;
 	__u32 alloc_depth; /* allocator calls live on this thread */

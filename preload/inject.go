@@ -117,9 +117,6 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 					return fmt.Errorf("pid %d: the recorder library is not mapped after dlopen", pid)
 				}
 			}
-			if err := p.watchInjected(pid, base); err != nil {
-				return err
-			}
 			fd, err := p.memoryIn(s, t, libc)
 			if err != nil {
 				return err
@@ -222,29 +219,6 @@ func (p *Preload) Detach() error {
 		}
 		return nil
 	}
-}
-
-// watchInjected lets the kernel's syscall tracepoint, when there is one,
-// read the injected library's per-thread state, as it does the preloaded
-// one's: its uprobe on the library's announcement is placed on the memory
-// file the process mapped, through /proc/PID/map_files.
-func (p *Preload) watchInjected(pid int, base uint64) error {
-	if p.sys == nil || p.sysWatched {
-		return nil
-	}
-	maps, err := symbolize.ReadMaps(pid)
-	if err != nil {
-		return err
-	}
-	m, ok := maps.Find(base)
-	if !ok {
-		return fmt.Errorf("pid %d: the recorder library's mapping is gone", pid)
-	}
-	if err := p.sys.WatchShim(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End), shimReady); err != nil {
-		return err
-	}
-	p.sysWatched = true
-	return nil
 }
 
 // stoppedByJobControl says whether pid is stopped by a signal (state T).

@@ -100,7 +100,6 @@ type Preload struct {
 	// the safe-point check.
 	live       *injected
 	safeSym    *symbolize.Symbolizer
-	sysWatched bool // the tracepoint reads the injected library's state
 }
 
 // sysPending is a syscall event (with the records it names) waiting to be
@@ -116,10 +115,6 @@ type sysPending struct {
 // numbers the stacks and watches the processes of both.
 type Syscalls interface {
 	Attach(pid int, exe string) error
-	// WatchShim lets the tracepoint read, in every process that loads
-	// the library at lib, whether a thread is inside an allocator call:
-	// the library names where it keeps that by calling symbol.
-	WatchShim(lib, symbol string) error
 	On() error
 	// Stop turns the tracepoints off; what they recorded stays to read.
 	Stop()
@@ -131,23 +126,18 @@ type Syscalls interface {
 	Close() error
 }
 
-// shimReady is the shim's function that names where its per-thread
-// allocator state lies, for the kernel's tracepoint.
-const shimReady = "hooktrace_shim_ready"
-
 // AddSyscalls adds the kernel's view of the memory syscalls, before the
 // target starts. Its events are merged by time into this recorder's
 // stream; its thread and exec events are the shim's already. It reads the
 // shim's per-thread state, so that a syscall glibc makes inside free is
-// flagged inside that free on both sides.
+// flagged inside that free on both sides: told that the kernel records
+// (shmFSyscalls), the shim names where that state lies with a syscall the
+// tracepoint sees.
 //
 // The kernel then sees every memory syscall, the libc wrappers' too: the
 // shim is told to leave their GOT slots alone, so that each call is
 // recorded, and counted in Calls, once.
 func (p *Preload) AddSyscalls(s Syscalls) error {
-	if err := s.WatchShim(p.shim, shimReady); err != nil {
-		return err
-	}
 	p.sys = s
 	flags := (*uint32)(unsafe.Pointer(&p.mem[shmOffFlags]))
 	atomic.StoreUint32(flags, atomic.LoadUint32(flags)|shmFSyscalls)
@@ -403,7 +393,6 @@ func (p *Preload) Sites() []events.ProbeSite {
 		out = append(out, events.ProbeSite{Name: name, Object: lib, Kind: "preload"})
 	}
 	if p.sys != nil {
-		out = append(out, events.ProbeSite{Name: shimReady, Object: lib, Kind: "uprobe"})
 		out = append(out, p.sys.Sites()...)
 	} else {
 		// libc's memory wrappers, reached through the GOT slots the

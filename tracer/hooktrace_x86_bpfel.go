@@ -324,7 +324,6 @@ type hooktraceProgramSpecs struct {
 	SysEnter        *ebpf.ProgramSpec `ebpf:"sys_enter"`
 	UprobeHook      *ebpf.ProgramSpec `ebpf:"uprobe_hook"`
 	UprobeLoader    *ebpf.ProgramSpec `ebpf:"uprobe_loader"`
-	UprobeShimReady *ebpf.ProgramSpec `ebpf:"uprobe_shim_ready"`
 	UretprobeDlopen *ebpf.ProgramSpec `ebpf:"uretprobe_dlopen"`
 	UretprobeHook   *ebpf.ProgramSpec `ebpf:"uretprobe_hook"`
 }
@@ -485,7 +484,6 @@ type hooktracePrograms struct {
 	SysEnter        *ebpf.Program `ebpf:"sys_enter"`
 	UprobeHook      *ebpf.Program `ebpf:"uprobe_hook"`
 	UprobeLoader    *ebpf.Program `ebpf:"uprobe_loader"`
-	UprobeShimReady *ebpf.Program `ebpf:"uprobe_shim_ready"`
 	UretprobeDlopen *ebpf.Program `ebpf:"uretprobe_dlopen"`
 	UretprobeHook   *ebpf.Program `ebpf:"uretprobe_hook"`
 }
@@ -498,7 +496,6 @@ func (p *hooktracePrograms) Close() error {
 		p.SysEnter,
 		p.UprobeHook,
 		p.UprobeLoader,
-		p.UprobeShimReady,
 		p.UretprobeDlopen,
 		p.UretprobeHook,
 	)

@@ -123,7 +123,7 @@ func New(opts source.Options) (*Tracer, error) {
 	if t.noDirectMap != "" && !opts.SyscallsOnly {
 		t.warnSlowStacks()
 	}
-	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+	if err := loadObjects(spec, &t.objs, opts.SyscallsOnly); err != nil {
 		err = classifyLoad(err)
 		if errors.Is(err, ErrPermission) {
 			return nil, err // it says what it is about
@@ -154,6 +154,35 @@ func New(opts source.Options) (*Tracer, error) {
 	}
 	t.conv = source.NewConverter(opts.Warn)
 	return t, nil
+}
+
+// syscallObjects is what a tracer that places no uprobes loads: the
+// tracepoints. The uprobe programs are
+// most of the verifier's work (seconds); a short program run with the
+// preload recorder and sys_enter must not wait for them.
+type syscallObjects struct {
+	SchedExec *ebpf.Program `ebpf:"sched_exec"`
+	SchedExit *ebpf.Program `ebpf:"sched_exit"`
+	SchedFork *ebpf.Program `ebpf:"sched_fork"`
+	SysEnter  *ebpf.Program `ebpf:"sys_enter"`
+	hooktraceMaps
+	hooktraceVariables
+}
+
+// loadObjects loads spec into objs: every program, or with syscallsOnly
+// only syscallObjects' (the others stay nil).
+func loadObjects(spec *ebpf.CollectionSpec, objs *hooktraceObjects, syscallsOnly bool) error {
+	if !syscallsOnly {
+		return spec.LoadAndAssign(objs, nil)
+	}
+	var o syscallObjects
+	if err := spec.LoadAndAssign(&o, nil); err != nil {
+		return err
+	}
+	objs.SchedExec, objs.SchedExit, objs.SchedFork = o.SchedExec, o.SchedExit, o.SchedFork
+	objs.SysEnter = o.SysEnter
+	objs.hooktraceMaps, objs.hooktraceVariables = o.hooktraceMaps, o.hooktraceVariables
+	return nil
 }
 
 func b2u(b bool) uint32 {
@@ -205,29 +234,6 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	}
 	// Every probe of pid is placed: tracing can be on from here (see On).
 	return t.On()
-}
-
-// WatchShim lets sys_enter see the allocator calls of the preloaded
-// recorder at lib, in every traced process that loads it: the recorder
-// calls its function symbol with the offset of its per-thread state
-// (struct shim_alloc_state) from the thread pointer, and a memory syscall
-// glibc makes inside free is then flagged as inside that free, as the
-// recorder flags its own records. The probe must be in place before the
-// target starts: a process whose recorder started unwatched is never
-// flagged. The caller lists the site: it is the library's.
-func (t *Tracer) WatchShim(lib, symbol string) error {
-	ex, err := link.OpenExecutable(lib)
-	if err != nil {
-		return fmt.Errorf("opening the preloaded library: %w", err)
-	}
-	l, err := ex.Uprobe(symbol, t.objs.UprobeShimReady, nil)
-	if err != nil {
-		return fmt.Errorf("attaching to %s in the preloaded library: %w", symbol, err)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.links = append(t.links, l)
-	return nil
 }
 
 // Exec places the probes pid's new image needs, called while pid is held
@@ -502,6 +508,9 @@ func (t *Tracer) ProbeTime() map[string]events.ProgramTime {
 	for name, p := range map[string]*ebpf.Program{
 		"uprobe_hook": t.objs.UprobeHook, "uretprobe_hook": t.objs.UretprobeHook, "sys_enter": t.objs.SysEnter,
 	} {
+		if p == nil { // not loaded (SyscallsOnly)
+			continue
+		}
 		st, err := p.Stats()
 		if err != nil || st.Runtime <= 0 || st.RunCount == 0 {
 			continue

@@ -82,7 +82,7 @@ struct tstate {
 	int guard;   /* inside the shim: forward unrecorded */
 	int inited;  /* shim_gen it was set up in, 0 for none (a fork starts again) */
 	/* The thread's TID and allocator call, which the kernel's sys_enter
-	 * tracepoint reads too (hooktrace_shim_ready). */
+	 * tracepoint reads too (announce_shared). */
 	struct shim_alloc_state shared;
 	__u64 *calls;   /* this thread's counter slot, NULL for the shared one */
 	__u32 *writing; /* its writing flag, NULL for the shared counter */
@@ -224,26 +224,21 @@ static void remember_env(const char *fd_entry, const char *name_entry)
 		strcpy(shm_name_entry, name_entry);
 }
 
-/* The kernel's sys_enter tracepoint reads a thread's t->shared at the
- * thread pointer plus offset, once its uprobe on this function has
- * learned offset: a memory syscall glibc makes inside free is then
- * flagged as inside that free, as the shim's own records are. Exported
- * and never inlined, so the probe has a symbol to attach to and offset
- * is in the first argument register. */
-EXPORT __attribute__((noinline)) void hooktrace_shim_ready(long offset)
-{
-	__asm__ volatile("" : : "r"(offset) : "memory");
-}
-
-/* Names the offset of t->shared from the thread pointer to the kernel
- * side, once per process image that records. ts is initial-exec TLS, at
- * one offset from every thread's thread pointer (%fs:0 holds the
- * pointer itself, which the kernel keeps as the task's fsbase). */
+/* Names the offset of t->shared from the thread pointer to the kernel's
+ * sys_enter tracepoint, when it records the memory syscalls, once per
+ * process image that records: a memory syscall glibc makes inside free is
+ * then flagged as inside that free, as the shim's own records are. ts is
+ * initial-exec TLS, at one offset from every thread's thread pointer
+ * (%fs:0 holds the pointer itself, which the kernel keeps as the task's
+ * fsbase). The call is a madvise the kernel refuses (enum shim_ready),
+ * made directly, not through the interposed wrapper. */
 static void announce_shared(void)
 {
+	if (!(cfg_flags & SHM_F_SYSCALLS))
+		return;
 	unsigned long tp;
 	__asm__("mov %%fs:0, %0" : "=r"(tp));
-	hooktrace_shim_ready((long)((unsigned long)&ts.shared - tp));
+	syscall(SYS_madvise, (long)((unsigned long)&ts.shared - tp), (long)SHIM_READY_LEN, (long)SHIM_READY_ADVICE);
 }
 
 /* Maps the shared memory open at fd when it is hooktrace's, of this run
