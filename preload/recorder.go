@@ -98,8 +98,8 @@ type Preload struct {
 	// live is the running process the library was injected into
 	// (attach), until Detach; safeSym reads that process's objects for
 	// the safe-point check.
-	live       *injected
-	safeSym    *symbolize.Symbolizer
+	live    *injected
+	safeSym *symbolize.Symbolizer
 }
 
 // sysPending is a syscall event (with the records it names) waiting to be
