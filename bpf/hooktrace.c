@@ -236,6 +236,14 @@ struct {
 	__type(value, struct life);
 } lives SEC(".maps");
 
+/* Where life_use builds the init it sends. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct event);
+} life_buf SEC(".maps");
+
 /* A filter in front of lock_pages, one bit per hash of (process, page),
  * never cleared: most freed chunks share no page with any lock, and this
  * tells them so without a hash-map lookup. A set bit only means "look". */
@@ -937,15 +945,20 @@ static __always_inline void life_use(struct event *e, __u64 addr)
 	struct life *l = bpf_map_lookup_elem(&lives, &k);
 	if (!l)
 		return;
-	if (l->state == LIFE_PENDING && l->exec_epoch == exec_epoch) {
-		struct event init;
-		event_init(&init, l->op, ((__u64)e->pid << 32) | e->tid);
-		init.time = e->time;
-		init.flags = l->flags;
-		init.addr = addr;
-		init.arg = l->arg;
-		init.stack = l->stack;
-		event_send(&init);
+	__u32 zero = 0;
+	struct event *init = l->state == LIFE_PENDING && l->exec_epoch == exec_epoch ?
+				     bpf_map_lookup_elem(&life_buf, &zero) : 0;
+	if (init) {
+		/* Built in a map, not on the stack: the verifier then finds the
+		 * paths through here alike, and does not walk what follows once
+		 * for each. */
+		event_init(init, l->op, ((__u64)e->pid << 32) | e->tid);
+		init->time = e->time;
+		init->flags = l->flags;
+		init->addr = addr;
+		init->arg = l->arg;
+		init->stack = l->stack;
+		event_send(init);
 	}
 	bpf_map_delete_elem(&lives, &k);
 }

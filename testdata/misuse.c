@@ -7,6 +7,8 @@
  *             the right order;
  *   rwdestroy a destroy of a rwlock another thread holds for writing;
  *   rwnever   an unlock of a rwlock nobody holds;
+ *   spinforeign a thread unlocks a spinlock main holds (glibc 2.36's
+ *             pthread_spin_unlock is pthread_spin_init's code);
  *   clean     the same locks used right: nothing to report.
  * It prints what glibc answered each call. */
 #include <pthread.h>
@@ -19,6 +21,7 @@ static pthread_mutex_t handoff_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t doomed_mu;
 static pthread_rwlock_t table_rw;
 static pthread_rwlock_t idle_rw = PTHREAD_RWLOCK_INITIALIZER;
+static pthread_spinlock_t handoff_spin;
 static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t step_cv = PTHREAD_COND_INITIALIZER;
 static int step;
@@ -73,6 +76,23 @@ static void *releaser(void *arg)
 {
 	(void)arg;
 	handoff_release();
+	return NULL;
+}
+
+__attribute__((noinline)) void spin_take(void)
+{
+	said("spin lock", pthread_spin_lock(&handoff_spin));
+}
+
+__attribute__((noinline)) void spin_release(void)
+{
+	said("foreign spin unlock", pthread_spin_unlock(&handoff_spin));
+}
+
+static void *spin_releaser(void *arg)
+{
+	(void)arg;
+	spin_release();
 	return NULL;
 }
 
@@ -143,6 +163,11 @@ int main(int argc, char **argv)
 		pthread_join(t, NULL);
 	} else if (!strcmp(c, "rwnever")) {
 		idle_unlock();
+	} else if (!strcmp(c, "spinforeign")) {
+		pthread_spin_init(&handoff_spin, PTHREAD_PROCESS_PRIVATE);
+		spin_take();
+		pthread_create(&t, NULL, spin_releaser, NULL);
+		pthread_join(t, NULL);
 	} else {
 		pthread_mutex_lock(&balance_mu);
 		pthread_mutex_unlock(&balance_mu);

@@ -336,6 +336,7 @@ type hooktraceMapSpecs struct {
 	Calls          *ebpf.MapSpec `ebpf:"calls"`
 	InheritBuf     *ebpf.MapSpec `ebpf:"inherit_buf"`
 	Inherited      *ebpf.MapSpec `ebpf:"inherited"`
+	LifeBuf        *ebpf.MapSpec `ebpf:"life_buf"`
 	Lives          *ebpf.MapSpec `ebpf:"lives"`
 	LockPages      *ebpf.MapSpec `ebpf:"lock_pages"`
 	Lost           *ebpf.MapSpec `ebpf:"lost"`
@@ -406,6 +407,7 @@ type hooktraceMaps struct {
 	Calls          *ebpf.Map `ebpf:"calls"`
 	InheritBuf     *ebpf.Map `ebpf:"inherit_buf"`
 	Inherited      *ebpf.Map `ebpf:"inherited"`
+	LifeBuf        *ebpf.Map `ebpf:"life_buf"`
 	Lives          *ebpf.Map `ebpf:"lives"`
 	LockPages      *ebpf.Map `ebpf:"lock_pages"`
 	Lost           *ebpf.Map `ebpf:"lost"`
@@ -427,6 +429,7 @@ func (m *hooktraceMaps) Close() error {
 		m.Calls,
 		m.InheritBuf,
 		m.Inherited,
+		m.LifeBuf,
 		m.Lives,
 		m.LockPages,
 		m.Lost,

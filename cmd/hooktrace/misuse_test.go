@@ -29,6 +29,7 @@ func TestLockMisuse(t *testing.T) {
 		{"destroy", "destroy of doomed_mu (misuse), held by the destroying thread", "doomed_teardown", "main", "held_destroys"},
 		{"rwdestroy", "destroy of table_rw (misuse), held by another thread", "table_drop", "table_write", "held_destroys"},
 		{"rwnever", "unlock of idle_rw (misuse), which no thread held", "idle_unlock", "", "unheld_unlocks"},
+		{"spinforeign", "unlock of handoff_spin (misuse), held by another thread", "spin_release", "spin_take", "foreign_unlocks"},
 		{"clean", "", "", "", ""},
 	} {
 		t.Run(c.arg, func(t *testing.T) {

@@ -554,15 +554,17 @@ static __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, _
 	event_send(&e);
 }
 
-/* A call that misuses a mutex or rwlock: an unlock by a thread that does
- * not hold it, or a destroy of a held one. What the lock's word says then,
- * as the BPF side reads it: whether it is held, and by which thread where
- * it names one (a mutex's __owner, a rwlock's writer; 0 for readers or
- * nobody). Spinlocks are not read. */
+/* A call that misuses a lock: an unlock by a thread that does not hold
+ * it, or a destroy of a held one. What the lock's word says then, as the
+ * BPF side reads it: whether it is held, and by which thread where it
+ * names one (a mutex's __owner, a rwlock's writer; 0 for readers, nobody,
+ * or a spinlock, whose word is 1 when unlocked). */
 static int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
 {
 	const volatile __u32 *w = (const volatile __u32 *)lock;
 	*holder = 0;
+	if (op == OP_SPIN_UNLOCK) /* a spinlock's word names no holder */
+		return *(const volatile __s32 *)lock <= 0;
 	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY) {
 		*holder = w[GLIBC_MUTEX_OWNER_OFFSET / 4];
 		return w[GLIBC_MUTEX_LOCK_OFFSET / 4] != 0;
@@ -594,7 +596,7 @@ HOT void rec_release(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *fr
 	int sent = held_pop(t, lock);
 	if (t->held > 0)
 		t->held--;
-	if (unlikely(sent < 0 && op != OP_SPIN_UNLOCK)) {
+	if (unlikely(sent < 0)) {
 		/* The thread does not hold it. */
 		__u32 holder;
 		lock_word_holder(op, lock, &holder);
