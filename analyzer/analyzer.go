@@ -266,6 +266,13 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 		if e.Op == events.OpSpinInit && e.Flags&events.FlagBusy != 0 && a.spinAliasUnlock(t, e) {
 			break
 		}
+		// A lock its own thread holds, initialised again, starts anew
+		// unheld: what a fork child does with the locks its
+		// pthread_atfork handlers took (jemalloc re-initialises its
+		// mutexes there rather than unlock them).
+		if t.findHeld(e.Addr) >= 0 {
+			t.release(e.Addr, true)
+		}
 		inst := t.proc.initLock(a, e.Addr, lockTypeOf(e.Op), t.stream.stack(e.Stack))
 		if e.Op == events.OpRwlockInit {
 			inst.nonRecursiveReads = e.Arg == rwlockPreferWriterNonrecursive
