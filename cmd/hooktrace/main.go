@@ -51,7 +51,7 @@ func (e *exitError) Error() string {
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	slog.SetDefault(slog.New(newWarnHandler(os.Stderr)))
 	root := newRootCmd()
 	// HOOKTRACE_CPUPROFILE=FILE profiles hooktrace itself, for its developers.
 	if path := os.Getenv("HOOKTRACE_CPUPROFILE"); path != "" {
