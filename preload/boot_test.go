@@ -3,9 +3,7 @@
 package preload
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -17,8 +15,6 @@ import (
 // program is the shim itself, compiled into it, so the pool's own
 // functions make the blocks.
 func TestBootstrapRealloc(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "boot.c")
 	prog := `#include "shim.c"
 #include <stdio.h>
 int main(void)
@@ -46,14 +42,8 @@ int main(void)
 	return 0;
 }
 `
-	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "boot")
-	if out, err := exec.Command("gcc", "-O2", "-std=gnu11", "-fno-omit-frame-pointer", "-ftls-model=initial-exec",
-		"-I", "src", "-I", "../bpf", "-o", bin, src, "-ldl", "-lpthread").CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
+	bin := buildAgainstShim(t, "boot", prog, "-O2", "-std=gnu11", "-fno-omit-frame-pointer", "-ftls-model=initial-exec",
+		"-ldl", "-lpthread")
 	out, err := exec.Command(bin).CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "ok" {
 		t.Fatalf("%v: %s", err, out)

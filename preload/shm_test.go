@@ -14,8 +14,6 @@ import (
 // TestShmLayout compiles a program against the shim's header and checks
 // that Go's copy of the shared-memory layout says the same.
 func TestShmLayout(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "layout.c")
 	prog := `#include <stdio.h>
 #include <stddef.h>
 #include <linux/types.h>
@@ -31,13 +29,7 @@ int main(void) {
 	return 0;
 }
 `
-	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "layout")
-	if out, err := exec.Command("gcc", "-I", "src", "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
+	bin := buildAgainstShim(t, "layout", prog)
 	out, err := exec.Command(bin).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -51,4 +43,21 @@ int main(void) {
 	if got := strings.TrimSpace(string(out)); got != want {
 		t.Errorf("C layout:\n  %s\nGo layout:\n  %s", got, want)
 	}
+}
+
+// buildAgainstShim compiles the C program prog with the shim's sources
+// and bpf/ on the include path, flags added, and returns the executable.
+func buildAgainstShim(t *testing.T, name, prog string, flags ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(dir, name+".c")
+	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, name)
+	args := append(append([]string{"-I", "src", "-I", "../bpf"}, flags...), "-o", bin, src)
+	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
 }
