@@ -314,6 +314,12 @@ func (p *Preload) Attach(pid int, exe string) error {
 			// Where its code is, so that its own lock calls inside
 			// an allocator call are not taken for a hook's.
 			p.conv.SetAllocatorCode(uint32(pid), a)
+			if p.sys != nil {
+				// The kernel's tracepoint sees the memory syscalls
+				// glibc and the loader make, from the first: their
+				// stacks are in libc.
+				a.Obj.PrefetchDWARF()
+			}
 		}
 		// And where the user's probes go.
 		return p.writeProbes(plan, exe)

@@ -265,6 +265,9 @@ func (t *Tracer) place(pid int, exe string) error {
 	}
 	alloc := source.FindAllocator(plan)
 	t.conv.SetAllocator(uint32(pid), alloc)
+	if alloc != nil {
+		alloc.Obj.PrefetchDWARF() // the probes' stacks start in it
+	}
 	t.mu.Lock()
 	if alloc != nil {
 		t.allocator = alloc.Name
