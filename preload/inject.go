@@ -179,14 +179,26 @@ func (p *Preload) Inject(pid int, o InjectOptions) error {
 // stays, dormant. What threads were writing is in the ring once Detach
 // returns but for a thread that was stopped in the middle of a record.
 func (p *Preload) Detach() error {
+	// A reader that goes away must not make a late writer wait.
+	p.markDetached()
+	return p.detach()
+}
+
+// markDetached tells the library's writers that no reader will make room
+// in a full ring any more: they drop and count instead of waiting.
+func (p *Preload) markDetached() {
+	flags := (*uint32)(unsafe.Pointer(&p.mem[shmOffFlags]))
+	atomic.StoreUint32(flags, atomic.LoadUint32(flags)|shmFDetached)
+}
+
+// detach restores the slots, leaving the writers waiting for room, for a
+// reader that drains the ring after (Run), then marks it.
+func (p *Preload) detach() error {
 	if p.live == nil {
 		return nil
 	}
 	l := p.live
 	p.live = nil
-	// A reader that goes away must not make a late writer wait.
-	flags := (*uint32)(unsafe.Pointer(&p.mem[shmOffFlags]))
-	atomic.StoreUint32(flags, atomic.LoadUint32(flags)|shmFDetached)
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		err := inject.With(l.pid, func(s *inject.Stopped) error {

@@ -450,29 +450,65 @@ func (p *Preload) Run(stop <-chan struct{}, emit func(*events.Record) error) err
 			return nil
 		}
 		if n > 0 {
+			// A busy ring must not hide the stop: an attach ends when
+			// asked to (--duration), while the target goes on writing.
 			idle = time.Millisecond
-			continue
+			select {
+			case <-stop:
+			default:
+				continue
+			}
+		} else {
+			select {
+			case <-stop:
+			case <-time.After(idle):
+				idle = min(2*idle, 20*time.Millisecond)
+				continue
+			}
 		}
-		select {
-		case <-stop:
-			// The target is gone (or tracing ends): one last pass, in
-			// which records a killed writer left unfinished are skipped.
-			// A live process the library was injected into stops
-			// recording first.
-			if p.live != nil {
-				if err := p.Detach(); err != nil {
-					p.opts.Warn(err.Error())
+		// The target is gone (or tracing ends): one last pass, in which
+		// records a killed writer left unfinished are skipped. A live
+		// process the library was injected into stops recording first.
+		if p.live != nil {
+			// The slots are restored once no thread is inside the
+			// library, and a writer waiting for room in a full ring is:
+			// the ring is read meanwhile, so that it gets room, writes
+			// and leaves, and nothing is dropped.
+			detached := make(chan error, 1)
+			go func() { detached <- p.detach() }()
+			for waiting := true; waiting; {
+				select {
+				case err := <-detached:
+					if err != nil {
+						p.opts.Warn(err.Error())
+					}
+					waiting = false
+				case <-time.After(2 * time.Millisecond):
 				}
-				// Records under way when the threads were stopped.
-				time.Sleep(10 * time.Millisecond)
 				if _, err := p.drain(false); err != nil {
+					<-detached
 					return err
 				}
 			}
-			stopped = true
-		case <-time.After(idle):
-			idle = min(2*idle, 20*time.Millisecond)
+			// Records under way when the threads were stopped, and those
+			// of writers that were still waiting for room: they finish
+			// as the backlog is read. No new call comes to the library,
+			// so the ring goes quiet.
+			for quiet := 0; quiet < 2; {
+				time.Sleep(10 * time.Millisecond)
+				n, err := p.drain(false)
+				if err != nil {
+					return err
+				}
+				if n == 0 {
+					quiet++
+				} else {
+					quiet = 0
+				}
+			}
+			p.markDetached()
 		}
+		stopped = true
 	}
 }
 

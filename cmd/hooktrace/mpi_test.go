@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -309,6 +310,11 @@ func mpiAttach(t *testing.T, mpirun string, mca []string, prog, recorder string,
 	trace := filepath.Join(t.TempDir(), "attach.htr")
 	report, stderrA, code := hooktrace(t, nil, "attach", "--pid", fmt.Sprint(pid), "--duration", "2s",
 		"--format", "json", "--fail-on", "none", "-o", trace, "--recorder", recorder)
+	// Rank 0 plays until told to stop (or for 30 s): attach ended at its
+	// --duration, though the rank kept the ring busy, and left it playing.
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Errorf("attach --duration 2s returned after rank 0 ended (%v): it waited for the target", err)
+	}
 	// Stop the job whatever attach did, and check it.
 	io.WriteString(stdin, "stop\n")
 	stdin.Close()
