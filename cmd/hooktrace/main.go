@@ -92,11 +92,16 @@ func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "hooktrace",
 		Short: "Find potential deadlocks between memory hooks, the allocator and pthread locks",
-		Long: `hooktrace attaches eBPF probes to malloc/free, the memory syscalls and the
-pthread lock calls of a process, rebuilds each thread's lock order with
-glibc's hidden arena lock and hook contexts modelled, and reports every
-potential deadlock it saw evidence of, with stacks, even from a run that did
-not hang.`,
+		Long: `hooktrace records a program's malloc/free, memory syscalls and pthread lock
+calls, rebuilds each thread's lock order with glibc's hidden arena lock and
+hook contexts modelled, and reports every potential deadlock it saw evidence
+of, with stacks, even from a run that did not hang.
+
+By default (--recorder auto) it records through a library it loads into the
+program: run preloads it, attach injects it into the live process, with no
+root needed; as root, eBPF probes on the kernel's syscall tracepoint add the
+memory syscalls glibc makes inside malloc and free. --recorder ebpf records
+with uprobes alone.`,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
