@@ -7,7 +7,16 @@
 # busybox-static, kmod, cpio, zstd and the Go toolchain.
 #
 # KERNEL_CACHE: where the kernels are kept (fetch-kernel.sh);
-# KERNEL_TIMEOUT: seconds one kernel's VM may take (default 1200).
+# KERNEL_TIMEOUT: seconds one boot of a kernel may take (default 240; the
+# checks take 40-90 s here); KERNEL_STALLS: boots of a kernel that may end
+# in a stall before it counts as failed (default 4).
+#
+# A stall: under software emulation Debian's 6.1 guest has stopped, in
+# about half the runs, with soft lockups on both vCPUs in hooktrace's
+# threads (the tracer and the gated child about to exec the target) during
+# the registration-cache check, which passes in the others; 6.12 never
+# has. The kernel then never comes back. A boot whose guest reported a
+# soft lockup is booted again, saying so; any other failure fails at once.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=$PWD/test/kernels
@@ -25,13 +34,30 @@ for s in $series; do
 	img=$(sed -n 1p <<<"$kernel")
 	moddir=$(sed -n 2p <<<"$kernel")
 	echo "=== kernel $s: $(basename "$img")"
-	start=$(date +%s)
-	if VM_MODDIR=$moddir VM_TIMEOUT=${KERNEL_TIMEOUT:-1200} "$here/vm-run.sh" "$img" bash "$here/inside.sh" "$work"; then
-		echo "=== kernel $s: passed in $(($(date +%s) - start))s"
-	else
+	stalls=0
+	while :; do
+		start=$(date +%s)
+		set +o pipefail
+		VM_MODDIR=$moddir VM_TIMEOUT=${KERNEL_TIMEOUT:-240} \
+			"$here/vm-run.sh" "$img" bash "$here/inside.sh" "$work" 2>&1 | tee "$work/console"
+		status=${PIPESTATUS[0]}
+		set -o pipefail
+		if [ "$status" -eq 0 ]; then
+			echo "=== kernel $s: passed in $(($(date +%s) - start))s"
+			break
+		fi
+		if grep -q "soft lockup" "$work/console"; then
+			stalls=$((stalls + 1))
+			echo "=== kernel $s: the guest stalled (soft lockup) after $(($(date +%s) - start))s: stall $stalls"
+			if [ "$stalls" -lt "${KERNEL_STALLS:-4}" ]; then
+				echo "=== kernel $s: booting it again"
+				continue
+			fi
+		fi
 		echo "=== kernel $s: FAILED after $(($(date +%s) - start))s"
 		failed="$failed $s"
-	fi
+		break
+	done
 done
 if [ -n "$failed" ]; then
 	echo "test-kernels: failed on:$failed" >&2
