@@ -12,11 +12,18 @@
 # in a stall before it counts as failed (default 4).
 #
 # A stall: under software emulation Debian's 6.1 guest has stopped, in
-# about half the runs, with soft lockups on both vCPUs in hooktrace's
-# threads (the tracer and the gated child about to exec the target) during
-# the registration-cache check, which passes in the others; 6.12 never
-# has. The kernel then never comes back. A boot whose guest reported a
-# soft lockup is booted again, saying so; any other failure fails at once.
+# about a third of the runs, with soft lockups on both vCPUs in hooktrace's
+# threads during the registration-cache check; 6.12 never has. With
+# loglevel=7 softlockup_all_cpu_backtrace=1 the backtraces show both vCPUs
+# in syscall_trace_enter, one at a jump-label site that already reads
+# "jmp" (eb 63) and one in asm_exc_int3 there: the kernel rewrote the
+# tracepoint's static branch (text_poke_bp, when hooktrace attaches its
+# sys_enter tracepoint) and the emulator kept running the int3 it had
+# translated, over and over. Hardware does this patching every time a
+# tracepoint is enabled. The kernel then never comes back: a boot whose
+# guest reported a soft lockup is booted again, saying so; any other
+# failure fails at once.
+
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=$PWD/test/kernels
