@@ -21,8 +21,9 @@
 # sys_enter tracepoint) and the emulator kept running the int3 it had
 # translated, over and over. Hardware does this patching every time a
 # tracepoint is enabled. The kernel then never comes back: a boot whose
-# guest reported a soft lockup is booted again, saying so; any other
-# failure fails at once.
+# guest reported a soft lockup is booted again, saying so, with one vCPU
+# (no other vCPU runs stale code while one rewrites it); any other failure
+# fails at once.
 
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,7 +46,9 @@ for s in $series; do
 	while :; do
 		start=$(date +%s)
 		set +o pipefail
-		VM_MODDIR=$moddir VM_TIMEOUT=${KERNEL_TIMEOUT:-240} \
+		smp=${VM_SMP:-2}
+		[ "$stalls" -gt 0 ] && smp=1
+		VM_MODDIR=$moddir VM_TIMEOUT=${KERNEL_TIMEOUT:-240} VM_SMP=$smp \
 			"$here/vm-run.sh" "$img" bash "$here/inside.sh" "$work" 2>&1 | tee "$work/console"
 		status=${PIPESTATUS[0]}
 		set -o pipefail
@@ -57,7 +60,7 @@ for s in $series; do
 			stalls=$((stalls + 1))
 			echo "=== kernel $s: the guest stalled (soft lockup) after $(($(date +%s) - start))s: stall $stalls"
 			if [ "$stalls" -lt "${KERNEL_STALLS:-4}" ]; then
-				echo "=== kernel $s: booting it again"
+				echo "=== kernel $s: booting it again, with one vCPU"
 				continue
 			fi
 		fi
