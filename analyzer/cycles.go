@@ -196,6 +196,7 @@ func (a *Analyzer) cycleFinding(n *naming, g *cycleGroup) Finding {
 			itoa(maxComponentCycles)+" cycles per group the search only looks for pairs of lock classes no reported cycle joins). Fixing the reported cycles splits the group; analyze again to see the rest.")
 	}
 	f.Detail = strings.Join(d, " ")
+	f.Seen = seenOfCycles(g.cycles)
 	describeGate(n, &f, cyc)
 	return f
 }

@@ -16,6 +16,7 @@ import (
 func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed map[*instance]bool) []Finding {
 	var out []Finding
 	var calls []uint64 // by finding: the allocator calls (opBit) it was seen in
+	var where []seenCounts
 	index := map[string]int{}
 	for _, ed := range a.edgeList {
 		if ed.from.typ != typeArena || onCycle[ed] || closed[ed.to] {
@@ -40,10 +41,13 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed ma
 				out[i].Occurrences += ed.weight
 				out[i].Instances = appendSet(out[i].Instances, lock)
 				calls[i] |= seenIn
+				where[i].merge(ed.seenIn())
 				continue
 			}
 			index[id] = len(out)
 			calls = append(calls, seenIn)
+			where = append(where, seenCounts{})
+			where[len(where)-1].merge(ed.seenIn())
 			f := Finding{
 				ID:          id,
 				Kind:        KindHookLock,
@@ -80,6 +84,7 @@ func (a *Analyzer) hookLockFindings(n *naming, onCycle map[*edge]bool, closed ma
 	}
 	for i := range out {
 		out[i].Title = "memory hook takes " + out[i].Locks[0] + " inside " + opList(calls[i])
+		out[i].Seen = where[i].list()
 		if len(out[i].Instances) < 2 {
 			out[i].Instances = nil
 		}

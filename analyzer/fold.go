@@ -310,7 +310,7 @@ func (a *Analyzer) fold(cluster, rep []*instance) {
 	for _, ed := range dead {
 		// Equal signatures: each dependency has its twin at rep.
 		if tw := a.edges[edgeKey(image(ed.from), image(ed.to))]; tw != nil {
-			tw.weight += ed.weight
+			tw.absorb(ed)
 		}
 	}
 	for _, ed := range dead {

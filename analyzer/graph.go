@@ -78,6 +78,13 @@ type edge struct {
 	guardSeen bool
 	weight    uint64 // instance dependencies it stands for (fold.go)
 	gone      bool   // its instance was folded into a twin
+	// where counts the instance dependencies it stands for by the thread
+	// each was first seen on; nil until a twin of its own trace is folded
+	// in (seenIn). Twins of later traces are counted by the rank group
+	// it represents, at index rankIdx (rankfold.go).
+	where   seenCounts
+	rankRep *rankGroup
+	rankIdx int32
 	// Allocator → lock dependencies: how many sightings had each hold
 	// verdict (a verdict can be revised when the allocator call's memory
 	// syscall shows up).
@@ -113,6 +120,46 @@ func (ed *edge) callSightings(hold arenaHold) []*sighting {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].allocOp < out[j].allocOp })
 	return out
+}
+
+// seenIn counts the instance dependencies ed stands for by the thread
+// each was first seen on: unfolded, its one dependency on the thread of
+// its first sighting of the lowest type.
+func (ed *edge) seenIn() seenCounts {
+	c := seenCounts{}
+	if ed.where != nil {
+		c.merge(ed.where)
+	} else if s := ed.firstSighting(); s != nil {
+		c.add(s.stream, s.pid, s.tid, 1) // its weight counts other traces' twins too
+	}
+	if ed.rankRep != nil {
+		for _, fr := range ed.rankRep.folded {
+			fr.addTo(c, ed.rankIdx)
+		}
+	}
+	return c
+}
+
+// firstSighting is ed's sighting of the lowest dependency type.
+func (ed *edge) firstSighting() *sighting {
+	for _, s := range ed.seen {
+		if s != nil {
+			return s
+		}
+	}
+	return nil
+}
+
+// absorb folds o, a twin dependency of the same trace, into ed.
+func (ed *edge) absorb(o *edge) {
+	if ed.where == nil {
+		ed.where = seenCounts{}
+		if s := ed.firstSighting(); s != nil {
+			ed.where.add(s.stream, s.pid, s.tid, ed.weight)
+		}
+	}
+	ed.where.merge(o.seenIn())
+	ed.weight += o.weight
 }
 
 func edgeKey(from, to *instance) uint64 {

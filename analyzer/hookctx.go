@@ -134,6 +134,27 @@ type hookLink struct {
 	// weight, for a hook-context hazard (hookSelfList): how many it
 	// stands for, its folded twins of other traces included.
 	weight uint64
+	// where counts them by the thread that held the lock around the
+	// allocator call; nil until a twin is folded in (seenIn).
+	where seenCounts
+}
+
+// seenIn counts the hazards l stands for by the thread that held the lock
+// around the allocator call.
+func (l *hookLink) seenIn() seenCounts {
+	if l.where != nil {
+		return l.where
+	}
+	c := seenCounts{}
+	c.add(l.under.stream, l.under.pid, l.under.tid, l.weight)
+	return c
+}
+
+// absorb folds the twin hazard o, of another trace, into l.
+func (l *hookLink) absorb(o *hookLink) {
+	l.where = l.seenIn()
+	l.where.merge(o.seenIn())
+	l.weight += o.weight
 }
 
 // path is the allocator's path from the call under the lock to the hooked
@@ -406,6 +427,7 @@ func hookSelfVerdict(l *hookLink) (kind Kind, sev Severity, why string, ok bool)
 // the first sighting.
 func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 	var out []Finding
+	var where []seenCounts
 	index := map[string]int{}
 	for _, l := range a.hookSelfList {
 		kind, sev, why, ok := hookSelfVerdict(l)
@@ -424,9 +446,12 @@ func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 		id := findingID(kind, "hook context", n.key(u.inst), u.op.String())
 		if i, ok := index[id]; ok {
 			out[i].Occurrences += l.weight
+			where[i].merge(l.seenIn())
 			continue
 		}
 		index[id] = len(out)
+		where = append(where, seenCounts{})
+		where[len(where)-1].merge(l.seenIn())
 		alloc := u.stream.allocatorLock
 		hook := "a memory hook" + viaText(h.via)
 		threads := map[uint32]bool{u.tid: true, h.tid: true}
@@ -464,6 +489,9 @@ func (a *Analyzer) hookSelfFindings(n *naming) []Finding {
 		}
 		f.Edges = []Edge{e1, e2}
 		out = append(out, f)
+	}
+	for i := range out {
+		out[i].Seen = where[i].list()
 	}
 	return out
 }

@@ -34,6 +34,55 @@ type rankGroup struct {
 	selfs   []*selfSighting
 	incons  []*inconsistency
 	hooks   []*hookLink
+	// A representative's dependencies that twins were folded into, each
+	// at its rankIdx, and where each folded group saw them.
+	edges  []*edge
+	folded []*foldedRank
+}
+
+// foldedRank is where one later trace's group saw the dependencies of the
+// group it was folded into: a process, and the thread of each dependency.
+// Per rank it costs four bytes a dependency, not a map.
+type foldedRank struct {
+	s    *stream
+	pid  uint32
+	tids []uint32 // by rankIdx: the twin's first sighting's thread, or 0
+	// Twins that stood for more than one dependency (folded within their
+	// trace), or were seen in another process, by rankIdx.
+	more map[int32]seenCounts
+}
+
+// note records ed, folded into the representative's dependency tw.
+func (fr *foldedRank) note(rep *rankGroup, tw, ed *edge) {
+	if tw.rankRep == nil {
+		tw.rankRep, tw.rankIdx = rep, int32(len(rep.edges))
+		rep.edges = append(rep.edges, tw)
+	}
+	i := tw.rankIdx
+	s := ed.firstSighting()
+	if ed.where != nil || ed.rankRep != nil || ed.weight != 1 || (s != nil && (s.stream != fr.s || s.pid != fr.pid)) {
+		if fr.more == nil {
+			fr.more = map[int32]seenCounts{}
+		}
+		fr.more[i] = ed.seenIn()
+		return
+	}
+	if s == nil {
+		return
+	}
+	if int(i) >= len(fr.tids) {
+		fr.tids = append(fr.tids, make([]uint32, int(i)+1-len(fr.tids))...)
+	}
+	fr.tids[i] = s.tid
+}
+
+// addTo counts where fr saw the dependency at index i.
+func (fr *foldedRank) addTo(c seenCounts, i int32) {
+	if m := fr.more[i]; m != nil {
+		c.merge(m)
+	} else if int(i) < len(fr.tids) && fr.tids[i] != 0 {
+		c.add(fr.s, fr.pid, fr.tids[i], 1)
+	}
 }
 
 // foldFinished folds the instances of the finished stream s into earlier
@@ -247,14 +296,17 @@ func (a *Analyzer) foldGroup(g, rep *rankGroup) {
 		twin[m] = rep.members[i]
 		rep.members[i].weight += m.weight
 	}
+	fr := &foldedRank{s: g.members[0].stream, pid: g.members[0].pid}
 	for _, m := range g.members {
 		for _, ed := range append([]*edge(nil), m.out...) {
 			if tw := a.edges[edgeKey(twin[ed.from], twin[ed.to])]; tw != nil {
 				tw.weight += ed.weight
+				fr.note(rep, tw, ed)
 			}
 			a.dropEdge(ed)
 		}
 	}
+	rep.folded = append(rep.folded, fr)
 	gone := map[any]bool{}
 	for i, s := range g.selfs {
 		r := rep.selfs[i]
@@ -273,7 +325,7 @@ func (a *Analyzer) foldGroup(g, rep *rankGroup) {
 		gone[x] = true
 	}
 	for i, l := range g.hooks {
-		rep.hooks[i].weight += l.weight
+		rep.hooks[i].absorb(l)
 		delete(a.hookSelfs, hookSelfKey{l.under.inst.id, l.under.op, l.take.via})
 		gone[l] = true
 	}

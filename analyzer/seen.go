@@ -17,9 +17,10 @@ type Seen struct {
 	// says (its footer's ranks); nil when it does not.
 	Rank    *int         `json:"rank,omitempty"`
 	Threads []SeenThread `json:"threads"`
-	// Count is how many occurrences were seen in this process; 0 for a
-	// finding that is not counted per process (a lock-order cycle spans
-	// threads and processes: the threads of its dependencies are listed).
+	// Count is how many occurrences were seen in this process. A
+	// lock-order cycle counts in each process (and on each thread) as
+	// often as the most of any of its dependencies were seen there; 0 for
+	// a finding not counted per process (a live deadlock or hang).
 	Count uint64 `json:"count,omitempty"`
 }
 
@@ -43,28 +44,36 @@ func (c seenCounts) add(s *stream, pid, tid uint32, n uint64) {
 	c[seenKey{s, pid, tid}] += n
 }
 
+// procKey is one process of one stream.
+type procKey struct {
+	s   *stream
+	pid uint32
+}
+
 // list groups the counts by process, in trace and PID order.
 func (c seenCounts) list() []Seen {
-	type pkey struct {
-		s   *stream
-		pid uint32
-	}
-	byProc := map[pkey]*Seen{}
-	var order []pkey
+	procs := map[procKey]uint64{}
 	for k, n := range c {
-		p := pkey{k.s, k.pid}
-		sn := byProc[p]
-		if sn == nil {
-			sn = k.s.seenProcess(k.pid)
-			byProc[p] = sn
-			order = append(order, p)
-		}
-		sn.Count += n
+		procs[procKey{k.s, k.pid}] += n
+	}
+	return listSeen(procs, c)
+}
+
+// listSeen makes the Seen list of processes counted procs, with the
+// threads counted threads, in trace and PID order.
+func listSeen(procs map[procKey]uint64, threads seenCounts) []Seen {
+	byProc := map[procKey]*Seen{}
+	for p, n := range procs {
+		sn := p.s.seenProcess(p.pid)
+		sn.Count = n
+		byProc[p] = sn
+	}
+	for k, n := range threads {
+		sn := byProc[procKey{k.s, k.pid}]
 		sn.Threads = append(sn.Threads, SeenThread{TID: k.tid, Name: k.s.threadName(k.tid), Count: n})
 	}
-	out := make([]Seen, 0, len(order))
-	for _, p := range order {
-		sn := byProc[p]
+	out := make([]Seen, 0, len(byProc))
+	for _, sn := range byProc {
 		sort.Slice(sn.Threads, func(i, j int) bool { return sn.Threads[i].TID < sn.Threads[j].TID })
 		out = append(out, *sn)
 	}
@@ -88,6 +97,34 @@ func (s *stream) seenProcess(pid uint32) *Seen {
 		sn.Rank = &r
 	}
 	return sn
+}
+
+// seenOfCycles lists where a cycle finding's instance cycles were seen.
+// A cycle's dependencies are seen on different threads, a folded one's in
+// each of its ranks: a cycle counts in a process (or on a thread) as often
+// as the most of any of its dependencies were seen there.
+func seenOfCycles(cycles [][]cycleStep) []Seen {
+	procs := map[procKey]uint64{}
+	threads := seenCounts{}
+	for _, cyc := range cycles {
+		procMax := map[procKey]uint64{}
+		threadMax := seenCounts{}
+		for _, st := range cyc {
+			inProc := map[procKey]uint64{}
+			for k, n := range st.edge.seenIn() {
+				inProc[procKey{k.s, k.pid}] += n
+				threadMax[k] = max(threadMax[k], n)
+			}
+			for p, n := range inProc {
+				procMax[p] = max(procMax[p], n)
+			}
+		}
+		for p, n := range procMax {
+			procs[p] += n
+		}
+		threads.merge(threadMax)
+	}
+	return listSeen(procs, threads)
 }
 
 // seenFromEdges lists, for a finding not counted per process, the
@@ -193,6 +230,13 @@ func (f *Finding) SeenText() []string {
 		if len(sn.Threads) > 1 {
 			b.WriteString("s")
 		}
+		// Per-thread counts say something only where they differ from
+		// the process's: a cycle seen once involves each of its threads
+		// once.
+		perThread := false
+		for _, t := range sn.Threads {
+			perThread = perThread || t.Count != sn.Count
+		}
 		for i, t := range sn.Threads {
 			if i > 0 {
 				b.WriteString(",")
@@ -201,7 +245,7 @@ func (f *Finding) SeenText() []string {
 			if t.Name != "" {
 				b.WriteString(" (" + t.Name + ")")
 			}
-			if t.Count > 0 && len(sn.Threads) > 1 {
+			if t.Count > 0 && len(sn.Threads) > 1 && perThread {
 				b.WriteString(" " + strconv.FormatUint(t.Count, 10) + "x")
 			}
 		}

@@ -75,3 +75,75 @@ func TestSeenSelfDeadlock(t *testing.T) {
 		t.Errorf("seen %+v, merged %q", f.Seen, f.Merged)
 	}
 }
+
+// TestSeenCyclesAndHooksPerRank: lock-order cycles, hook-lock findings and
+// hook-context hazards seen in several ranks list every rank with its
+// count and threads, folded or not.
+func TestSeenCyclesAndHooksPerRank(t *testing.T) {
+	for _, fold := range []bool{true, false} {
+		a := New(Options{})
+		a.noFold = !fold
+		for r := range 3 {
+			a.BeginStream("rank" + itoa(uint64(r)))
+			for _, rec := range rankTrace(uint32(r)).Records() {
+				a.Add(rec)
+			}
+		}
+		res := a.Result()
+		checked := map[Kind]int{}
+		for _, f := range res.Findings {
+			if f.Kind != KindLockOrderCycle && f.Kind != KindHookLock && f.Kind != KindSelfDeadlock {
+				continue
+			}
+			if len(f.Seen) != 3 || f.Merged != "merged from 3 processes in 3 traces" {
+				t.Errorf("fold %v: %s %q seen in %+v, %q", fold, f.Kind, f.Title, f.Seen, f.Merged)
+				continue
+			}
+			var total uint64
+			for r, sn := range f.Seen {
+				total += sn.Count
+				if sn.PID != uint32(1000+r) || sn.Count == 0 || len(sn.Threads) == 0 {
+					t.Errorf("fold %v: %s %q in rank %d: %+v", fold, f.Kind, f.Title, r, sn)
+				}
+				for _, th := range sn.Threads {
+					if th.TID/100 != uint32(r) || th.Count == 0 {
+						t.Errorf("fold %v: %s %q in rank %d lists thread %+v", fold, f.Kind, f.Title, r, th)
+					}
+				}
+			}
+			if total != f.Occurrences {
+				t.Errorf("fold %v: %s %q: %d occurrences, %d counted by process: %+v", fold, f.Kind, f.Title, f.Occurrences, total, f.Seen)
+			}
+			checked[f.Kind]++
+		}
+		// The inversion and the Open MPI cycle; the hook's lock; the hook
+		// taking the lock its thread holds.
+		if checked[KindLockOrderCycle] != 2 || checked[KindHookLock] == 0 || checked[KindSelfDeadlock] == 0 {
+			t.Errorf("fold %v: checked %v", fold, checked)
+		}
+	}
+	// The inversion's threads: each rank's threads 1 and 2, once each.
+	a := New(Options{})
+	for r := range 2 {
+		a.BeginStream("rank" + itoa(uint64(r)))
+		for _, rec := range rankTrace(uint32(r)).Records() {
+			a.Add(rec)
+		}
+	}
+	inversions := 0
+	for _, f := range ofKind(a.Result(), KindLockOrderCycle) {
+		if !strings.HasPrefix(f.Title, "lock order inversion") {
+			continue
+		}
+		inversions++
+		text := strings.Join(f.SeenText(), "\n")
+		for _, want := range []string{"pid 1000 (rank0): once; threads 1, 2", "pid 1001 (rank1): once; threads 101, 102"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("inversion's seen text lacks %q:\n%s", want, text)
+			}
+		}
+	}
+	if inversions != 1 {
+		t.Errorf("%d inversions", inversions)
+	}
+}
