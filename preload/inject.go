@@ -17,7 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/hooktrace/hooktrace/inject"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 	"github.com/hooktrace/hooktrace/tracer/unwind"
 )
 

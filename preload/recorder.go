@@ -24,7 +24,7 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/source"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 // The shared-memory layout of src/shm.h (TestShmLayout checks these

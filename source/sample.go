@@ -3,7 +3,7 @@
 package source
 
 import (
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 	"github.com/hooktrace/hooktrace/tracer/unwind"
 )
 

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 // The loader's list as glibc 2.36's ld.so prints it: a relative RUNPATH's

@@ -14,8 +14,8 @@ import (
 	"github.com/hooktrace/hooktrace/preload"
 	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/symbolize"
 	"github.com/hooktrace/hooktrace/tracer"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 // Recorders run can use.
