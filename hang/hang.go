@@ -21,7 +21,7 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/symbolize"
-	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // Options configure a Watcher.

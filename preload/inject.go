@@ -18,7 +18,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/inject"
 	"github.com/hooktrace/hooktrace/symbolize"
-	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // NotInjectableError says why the recorder cannot be loaded into a

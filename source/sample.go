@@ -4,7 +4,7 @@ package source
 
 import (
 	"github.com/hooktrace/hooktrace/symbolize"
-	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // unwinder unwinds raw stack samples with the call-frame information of
