@@ -14,8 +14,8 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/funcname"
+	"github.com/hooktrace/hooktrace/placement"
 	"github.com/hooktrace/hooktrace/symbolize"
-	"github.com/hooktrace/hooktrace/tracer/placement"
 )
 
 // ProbeFunc is a function hooktrace traces and how.

@@ -13,8 +13,8 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/placement"
 	"github.com/hooktrace/hooktrace/source"
-	"github.com/hooktrace/hooktrace/tracer/placement"
 )
 
 // probeBatch is one uprobe_multi link: every entry (or every return) probe
