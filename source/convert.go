@@ -14,6 +14,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
+	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/symbolize"
 )
 
@@ -28,10 +29,10 @@ type Converter struct {
 	mu sync.Mutex
 	// allocs is the allocator each process uses, as the probes placed
 	// for its current image found it.
-	allocs map[uint32]*AllocRange
+	allocs map[uint32]*probesite.AllocRange
 	// allocCode: where each process's allocator code is, to tell its own
 	// lock calls inside an allocator call from a hook's (both recorders).
-	allocCode map[uint32]*AllocRange
+	allocCode map[uint32]*probesite.AllocRange
 	// Threads and lock addresses seen, for the live status line.
 	nthreads, nlocks atomic.Int64
 	// Emit receives the records.
@@ -134,13 +135,13 @@ func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
 
 // NewConverter returns a converter that emits nothing until Emit is set.
 func NewConverter(warn func(string)) *Converter {
-	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*AllocRange{}, allocCode: map[uint32]*AllocRange{}, unw: newUnwinder()}
+	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*probesite.AllocRange{}, allocCode: map[uint32]*probesite.AllocRange{}, unw: newUnwinder()}
 }
 
 // SetAllocator records which allocator pid uses, and starts watching pid
 // if it is new: from Attach on, its mappings are known even if it exits
 // before the reader sees its first event.
-func (c *Converter) SetAllocator(pid uint32, r *AllocRange) {
+func (c *Converter) SetAllocator(pid uint32, r *probesite.AllocRange) {
 	c.mu.Lock()
 	c.allocs[pid] = r
 	c.allocCode[pid] = r
@@ -151,21 +152,21 @@ func (c *Converter) SetAllocator(pid uint32, r *AllocRange) {
 // SetAllocatorCode records where pid's allocator code is, for a recorder
 // that knows itself when a call is inside the allocator (the preload
 // shim) but not whose code a lock call inside it comes from.
-func (c *Converter) SetAllocatorCode(pid uint32, r *AllocRange) {
+func (c *Converter) SetAllocatorCode(pid uint32, r *probesite.AllocRange) {
 	c.mu.Lock()
 	c.allocCode[pid] = r
 	c.mu.Unlock()
 }
 
 // allocatorCode is where pid's allocator code is, nil when unknown.
-func (c *Converter) allocatorCode(pid uint32) *AllocRange {
+func (c *Converter) allocatorCode(pid uint32) *probesite.AllocRange {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.allocCode[pid]
 }
 
 // allocator is the allocator pid uses, nil when unknown.
-func (c *Converter) allocator(pid uint32) *AllocRange {
+func (c *Converter) allocator(pid uint32) *probesite.AllocRange {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.allocs[pid]
@@ -246,7 +247,7 @@ func (c *Converter) proc(pid uint32) *procState {
 // child starts watching a forked child with its parent's allocator,
 // unless the gate's placement got there first. It says whether the child
 // is new.
-func (c *Converter) child(pid uint32, parent *procState, alloc, code *AllocRange) bool {
+func (c *Converter) child(pid uint32, parent *procState, alloc, code *probesite.AllocRange) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.procs[pid]; ok {

@@ -4,10 +4,9 @@
 // BPF tracer (package tracer) and the preloaded recorder (package
 // preload) write the same records (the layout of ../bpf/hooktrace.h), and
 // one Converter turns them into events.Records, with symbolized stacks and
-// named locks and threads, read while the process is alive. Both find the
-// functions they record the same way (PlanSites: the definition the
-// loader will bind, and where the allocator's code lies), take the same
-// Options and refuse the same processes.
+// named locks and threads, read while the process is alive. Both take the
+// same Options and refuse the same processes; both find the functions they
+// record the same way, through package probesite.
 package source
 
 import (

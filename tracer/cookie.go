@@ -4,7 +4,7 @@ package tracer
 
 import (
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/probesite"
 )
 
 // probeCookie is what a uprobe's BPF cookie tells the probe: the layout of
@@ -83,7 +83,7 @@ func (c probeCookie) rangeBytes() uint64 { return uint64(c.length) << cookieLenU
 // setRange sets, for an allocator probe at file offset off, where the
 // allocator's code r lies relative to it (see COOKIE_RANGE_* in BPF); it
 // leaves c alone when the range does not fit the cookie's fields.
-func (c *probeCookie) setRange(r *source.AllocRange, off uint64) {
+func (c *probeCookie) setRange(r *probesite.AllocRange, off uint64) {
 	if r == nil || r.Object == "" || off < r.Lo {
 		return
 	}

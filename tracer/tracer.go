@@ -2,7 +2,7 @@
 
 // Package tracer is hooktrace's BPF source of events: Tracer loads the
 // objects generated from ../bpf, places uprobes on the functions
-// source.PlanSites finds, attaches the tracepoints and reads the ring
+// probesite.PlanSites finds, attaches the tracepoints and reads the ring
 // buffer. The other source is the preloaded recorder (package preload);
 // both write the same records, which package source converts into events.
 // Launching and holding the target (package launch), tracing a command
@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/symbolize"
 )
@@ -259,11 +260,11 @@ func (t *Tracer) place(pid int, exe string) error {
 	t.placeMu.Lock()
 	defer t.placeMu.Unlock()
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
-	plan, err := source.PlanSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
+	plan, err := probesite.PlanSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
 	if err != nil {
 		return err
 	}
-	alloc := source.FindAllocator(plan)
+	alloc := probesite.FindAllocator(plan)
 	t.conv.SetAllocator(uint32(pid), alloc)
 	if alloc != nil {
 		alloc.Obj.PrefetchDWARF() // the probes' stacks start in it

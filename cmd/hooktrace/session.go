@@ -18,6 +18,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
+	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/rules"
 	sess "github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
@@ -68,7 +69,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 // userProbes is --probe plus both sides of every --forbid rule, read by
 // the analyzer's own parser so that run, attach and analyze accept the
 // same rules, plus the INNER side of every --rules pack's rules, which a
-// program may lack (source.OptionalProbe).
+// program may lack (probesite.OptionalProbe).
 func (f *traceFlags) userProbes() ([]string, error) {
 	out := append([]string(nil), f.probes...)
 	have := map[string]bool{}
@@ -95,7 +96,7 @@ func (f *traceFlags) userProbes() ([]string, error) {
 		for _, p := range pk.Inners() {
 			if !have[p] {
 				have[p] = true
-				out = append(out, source.OptionalProbe+p)
+				out = append(out, probesite.OptionalProbe+p)
 			}
 		}
 	}
@@ -119,10 +120,10 @@ func (f *traceFlags) forbidSpecs() []string {
 // optimised build), and otherwise only a debug message: most programs use
 // a few of the functions a pack knows.
 func (f *traceFlags) warn(msg string) {
-	if strings.HasPrefix(msg, source.MissingRulePrefix) {
+	if strings.HasPrefix(msg, probesite.MissingRulePrefix) {
 		for _, pk := range f.packs {
 			for fn, why := range pk.Missing {
-				if strings.HasPrefix(msg, source.MissingRulePrefix+fn+" ") {
+				if strings.HasPrefix(msg, probesite.MissingRulePrefix+fn+" ") {
 					slog.Warn(msg + ": " + why)
 					return
 				}

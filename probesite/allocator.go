@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package source
+package probesite
 
 import (
 	"path/filepath"
