@@ -16,6 +16,7 @@ import (
 	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/symbolize"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // Converter turns raw ring-buffer records into events.Records: it gives
@@ -41,7 +42,7 @@ type Converter struct {
 	lostSeen uint64
 	// OnFork hears of a child a traced process forked, to follow.
 	OnFork func(pid uint32)
-	unw    *unwinder
+	unw    *unwind.Unwinder
 	warn   func(string)
 	// Hide is an object whose frames are not the target's (the preloaded
 	// recorder's interposers), dropped from unwound stacks.
@@ -135,7 +136,7 @@ func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
 
 // NewConverter returns a converter that emits nothing until Emit is set.
 func NewConverter(warn func(string)) *Converter {
-	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*probesite.AllocRange{}, allocCode: map[uint32]*probesite.AllocRange{}, unw: newUnwinder()}
+	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*probesite.AllocRange{}, allocCode: map[uint32]*probesite.AllocRange{}, unw: &unwind.Unwinder{}}
 }
 
 // SetAllocator records which allocator pid uses, and starts watching pid
@@ -444,7 +445,7 @@ func (c *Converter) stack(r *hooktraceStack) error {
 func (c *Converter) sample(r *hooktraceSample, data []byte) error {
 	p := c.proc(r.Pid)
 	maps := p.mapsFor(r.Ip)
-	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, data)
+	pcs, complete := c.unw.Unwind(p.sym.ResolveCFI, r.Ip, r.Sp, r.Bp, data)
 	if c.Hide != "" {
 		pcs, complete = maps.DropObject(pcs, complete, c.Hide)
 	}
