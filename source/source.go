@@ -54,11 +54,20 @@ func (o *Options) Defaults() error {
 	if o.Mode == "" {
 		o.Mode = ModeAggregate
 	}
-	if o.Mode != ModeAggregate && o.Mode != ModeFull {
-		return fmt.Errorf("unknown mode %q (aggregate or full)", o.Mode)
+	if err := CheckMode(o.Mode); err != nil {
+		return fmt.Errorf("mode %w", err)
 	}
 	if o.Warn == nil {
 		o.Warn = func(string) {}
+	}
+	return nil
+}
+
+// CheckMode says why mode is none of the modes a source records in; the
+// CLI's --mode flag and Defaults both ask it.
+func CheckMode(mode string) error {
+	if mode != ModeAggregate && mode != ModeFull {
+		return fmt.Errorf("%q: want %s or %s", mode, ModeAggregate, ModeFull)
 	}
 	return nil
 }

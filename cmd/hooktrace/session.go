@@ -162,8 +162,8 @@ func newSession(f *traceFlags) (*session, error) {
 // prepareSession checks the flags and starts the trace's header; the
 // recorder is opened with the returned options.
 func prepareSession(f *traceFlags) (*session, source.Options, error) {
-	if f.mode != source.ModeAggregate && f.mode != source.ModeFull {
-		return nil, source.Options{}, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, source.ModeAggregate, source.ModeFull)}
+	if err := source.CheckMode(f.mode); err != nil {
+		return nil, source.Options{}, usageError{fmt.Errorf("--mode %w", err)}
 	}
 	probes, err := f.userProbes()
 	if err != nil {
