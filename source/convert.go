@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/abi"
 	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/symbolize"
@@ -266,12 +267,12 @@ var (
 	// SizeEvent is an event record's size, for a reader that looks at
 	// records before converting them (the preload recorder's merge by
 	// time).
-	SizeEvent = int(unsafe.Sizeof(hooktraceEvent{}))
-	sizeStack = int(unsafe.Sizeof(hooktraceStack{}))
+	SizeEvent = int(unsafe.Sizeof(abi.Event{}))
+	sizeStack = int(unsafe.Sizeof(abi.Stack{}))
 	// A sample record is sent at its used length: the header and Len
 	// bytes of Data.
-	sampleHeader = int(unsafe.Offsetof(hooktraceSample{}.Data))
-	objectHeader = int(unsafe.Offsetof(hooktraceObject{}.Path))
+	sampleHeader = int(unsafe.Offsetof(abi.Sample{}.Data))
+	objectHeader = int(unsafe.Offsetof(abi.Object{}.Path))
 )
 
 // Raw converts one record as the BPF ring or the preload recorder's ring
@@ -281,29 +282,29 @@ func (c *Converter) Raw(b []byte) error {
 		return fmt.Errorf("ring buffer record of %d bytes", len(b))
 	}
 	switch binary.LittleEndian.Uint32(b) {
-	case uint32(hooktraceRecTypeREC_EVENT):
+	case uint32(abi.RecEvent):
 		if len(b) < SizeEvent {
 			return fmt.Errorf("short event record: %d bytes", len(b))
 		}
-		return c.event((*hooktraceEvent)(unsafe.Pointer(&b[0])))
-	case uint32(hooktraceRecTypeREC_STACK):
+		return c.event((*abi.Event)(unsafe.Pointer(&b[0])))
+	case uint32(abi.RecStack):
 		if len(b) < sizeStack {
 			return fmt.Errorf("short stack record: %d bytes", len(b))
 		}
-		return c.stack((*hooktraceStack)(unsafe.Pointer(&b[0])))
-	case uint32(hooktraceRecTypeREC_SAMPLE):
+		return c.stack((*abi.Stack)(unsafe.Pointer(&b[0])))
+	case uint32(abi.RecSample):
 		if len(b) < sampleHeader {
 			return fmt.Errorf("short sample record: %d bytes", len(b))
 		}
-		var r hooktraceSample
+		var r abi.Sample
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), sampleHeader), b)
 		n := min(int(r.Len), len(b)-sampleHeader, len(r.Data))
 		return c.sample(&r, b[sampleHeader:sampleHeader+n])
-	case uint32(hooktraceRecTypeREC_OBJECT):
+	case uint32(abi.RecObject):
 		if len(b) < objectHeader {
 			return fmt.Errorf("short object record: %d bytes", len(b))
 		}
-		var r hooktraceObject
+		var r abi.Object
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), unsafe.Sizeof(r)), b)
 		c.object(&r)
 		return nil
@@ -311,7 +312,7 @@ func (c *Converter) Raw(b []byte) error {
 	return fmt.Errorf("unknown ring buffer record type %d", binary.LittleEndian.Uint32(b))
 }
 
-func (c *Converter) event(r *hooktraceEvent) error {
+func (c *Converter) event(r *abi.Event) error {
 	p := c.proc(r.Pid)
 	op := events.Op(r.Op)
 	if op == events.OpExec {
@@ -408,7 +409,7 @@ func (c *Converter) event(r *hooktraceEvent) error {
 
 // object pins a library the process loaded to its addresses, or unpins
 // one it is unloading: its stacks may be named after it is gone.
-func (c *Converter) object(r *hooktraceObject) {
+func (c *Converter) object(r *abi.Object) {
 	p := c.proc(r.Pid)
 	if r.Gone != 0 {
 		p.sym.Unpin(r.Base)
@@ -424,7 +425,7 @@ func (c *Converter) object(r *hooktraceObject) {
 	}
 }
 
-func (c *Converter) stack(r *hooktraceStack) error {
+func (c *Converter) stack(r *abi.Stack) error {
 	p := c.proc(r.Pid)
 	if _, ok := p.stacks[r.Hash]; ok {
 		return nil // sent before the kernel's LRU forgot it
@@ -442,7 +443,7 @@ func (c *Converter) stack(r *hooktraceStack) error {
 	return err
 }
 
-func (c *Converter) sample(r *hooktraceSample, data []byte) error {
+func (c *Converter) sample(r *abi.Sample, data []byte) error {
 	p := c.proc(r.Pid)
 	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.Unwind(p.sym.ResolveCFI, r.Ip, r.Sp, r.Bp, data)

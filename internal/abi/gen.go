@@ -1,8 +1,8 @@
 //go:build linux && amd64
 
-package source
+package abi
 
-// The record layout is generated from ../bpf/hooktrace.h (through
+// The record layout is generated from ../../bpf/hooktrace.h (through
 // bpf/layout.c), as the tracer's objects are, so that the converter reads
 // the structs the probes and the preloaded library write; `make generate`
 // runs this with Debian's clang. The files are named layout_*; the

@@ -3,7 +3,7 @@
  * bpf2go -type. There is no program here: the object bpf2go builds from
  * this file only carries the types' BTF. */
 #include <linux/types.h>
-#include "../../bpf/hooktrace.h"
+#include "../../../bpf/hooktrace.h"
 
 const struct event *unused_event __attribute__((unused));
 const struct stack *unused_stack __attribute__((unused));
