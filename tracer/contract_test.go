@@ -14,6 +14,7 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/hang"
+	"github.com/hooktrace/hooktrace/internal/abi"
 	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/probesite"
 )
@@ -77,8 +78,8 @@ func TestOpsMatchBPF(t *testing.T) {
 			t.Errorf("%s = %d in bpf/hooktrace.h has no events.Op", n, v)
 		}
 	}
-	if uint64(hooktraceOpOP_COUNT) != c["OP_COUNT"] {
-		t.Errorf("generated OP_COUNT %d, object %d: run make generate", hooktraceOpOP_COUNT, c["OP_COUNT"])
+	if uint64(abi.OpCount) != c["OP_COUNT"] {
+		t.Errorf("generated OP_COUNT %d, object %d: run make generate", abi.OpCount, c["OP_COUNT"])
 	}
 }
 

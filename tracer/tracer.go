@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/abi"
 	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/symbolize"
@@ -220,9 +221,9 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	}
 	// A gated child is only traced from its exec: its own start-up is
 	// hooktrace's, not the target's.
-	state := uint8(hooktraceTraceStateTRACED)
+	state := uint8(abi.TraceStateTraced)
 	if exe != "" {
-		state = uint8(hooktraceTraceStateGATED)
+		state = uint8(abi.TraceStateGated)
 	}
 	key := uint32(pid)
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
@@ -473,7 +474,7 @@ func (t *Tracer) RingRead() (records, bytes uint64) {
 // Lost is how many records the ring buffer had no room for.
 func (t *Tracer) Lost() uint64 {
 	var total uint64
-	for k := uint32(0); k < uint32(hooktraceRecTypeREC_SLOTS); k++ {
+	for k := uint32(0); k < uint32(abi.RecSlots); k++ {
 		var per []uint64
 		if err := t.objs.Lost.Lookup(&k, &per); err == nil {
 			for _, v := range per {

@@ -25,3 +25,36 @@ const (
 	RecObject = hooktraceRecTypeREC_OBJECT
 	RecSlots  = hooktraceRecTypeREC_SLOTS
 )
+
+// OpCount is one more than the highest op (enum op's OP_COUNT): the size
+// of the BPF side's per-op tables.
+const OpCount = hooktraceOpOP_COUNT
+
+// A process's state in the BPF side's traced map: traced, or gated (a
+// child that has not exec'd its target yet).
+type TraceState = hooktraceTraceState
+
+const (
+	TraceStateTraced = hooktraceTraceStateTRACED
+	TraceStateGated  = hooktraceTraceStateGATED
+)
+
+// The probe cookie's bit fields (COOKIE_* in the header): shifts and
+// widths.
+type CookieLayout = hooktraceCookieLayout
+
+const (
+	CookieOpShift      = hooktraceCookieLayoutCOOKIE_OP_SHIFT
+	CookieOpBits       = hooktraceCookieLayoutCOOKIE_OP_BITS
+	CookieAdjShift     = hooktraceCookieLayoutCOOKIE_ADJ_SHIFT
+	CookieAdjBits      = hooktraceCookieLayoutCOOKIE_ADJ_BITS
+	CookieUserShift    = hooktraceCookieLayoutCOOKIE_USER_SHIFT
+	CookieAliasShift   = hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT
+	CookieAliasBits    = hooktraceCookieLayoutCOOKIE_ALIAS_BITS
+	CookieRefiresShift = hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT
+	CookieBackShift    = hooktraceCookieLayoutCOOKIE_BACK_SHIFT
+	CookieBackBits     = hooktraceCookieLayoutCOOKIE_BACK_BITS
+	CookieLenShift     = hooktraceCookieLayoutCOOKIE_LEN_SHIFT
+	CookieLenBits      = hooktraceCookieLayoutCOOKIE_LEN_BITS
+	CookieLenUnitShift = hooktraceCookieLayoutCOOKIE_LEN_UNIT_SHIFT
+)

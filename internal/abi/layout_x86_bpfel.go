@@ -13,6 +13,24 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type hooktraceCookieLayout uint32
+
+const (
+	hooktraceCookieLayoutCOOKIE_OP_SHIFT       hooktraceCookieLayout = 0
+	hooktraceCookieLayoutCOOKIE_OP_BITS        hooktraceCookieLayout = 16
+	hooktraceCookieLayoutCOOKIE_ADJ_SHIFT      hooktraceCookieLayout = 16
+	hooktraceCookieLayoutCOOKIE_ADJ_BITS       hooktraceCookieLayout = 16
+	hooktraceCookieLayoutCOOKIE_USER_SHIFT     hooktraceCookieLayout = 32
+	hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT    hooktraceCookieLayout = 32
+	hooktraceCookieLayoutCOOKIE_ALIAS_BITS     hooktraceCookieLayout = 16
+	hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT  hooktraceCookieLayout = 48
+	hooktraceCookieLayoutCOOKIE_BACK_SHIFT     hooktraceCookieLayout = 32
+	hooktraceCookieLayoutCOOKIE_BACK_BITS      hooktraceCookieLayout = 24
+	hooktraceCookieLayoutCOOKIE_LEN_SHIFT      hooktraceCookieLayout = 56
+	hooktraceCookieLayoutCOOKIE_LEN_BITS       hooktraceCookieLayout = 8
+	hooktraceCookieLayoutCOOKIE_LEN_UNIT_SHIFT hooktraceCookieLayout = 16
+)
+
 type hooktraceEvent struct {
 	_     structs.HostLayout
 	Type  uint32
@@ -29,6 +47,44 @@ type hooktraceEvent struct {
 	Stack uint64
 }
 
+type hooktraceEventFlag uint32
+
+const (
+	hooktraceEventFlagF_RETURN     hooktraceEventFlag = 1
+	hooktraceEventFlagF_ACQUIRED   hooktraceEventFlag = 2
+	hooktraceEventFlagF_IN_ALLOC   hooktraceEventFlag = 4
+	hooktraceEventFlagF_PROCESS    hooktraceEventFlag = 8
+	hooktraceEventFlagF_LOCKS_HELD hooktraceEventFlag = 16
+	hooktraceEventFlagF_BUSY       hooktraceEventFlag = 32
+)
+
+type hooktraceGlibcLayout uint32
+
+const (
+	hooktraceGlibcLayoutGLIBC_MUTEX_LOCK_OFFSET      hooktraceGlibcLayout = 0
+	hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET     hooktraceGlibcLayout = 8
+	hooktraceGlibcLayoutGLIBC_MUTEX_KIND_OFFSET      hooktraceGlibcLayout = 16
+	hooktraceGlibcLayoutGLIBC_RWLOCK_FLAGS_OFFSET    hooktraceGlibcLayout = 48
+	hooktraceGlibcLayoutGLIBC_RWLOCKATTR_KIND_OFFSET hooktraceGlibcLayout = 0
+	hooktraceGlibcLayoutGLIBC_RWLOCK_READERS_OFFSET  hooktraceGlibcLayout = 0
+	hooktraceGlibcLayoutGLIBC_RWLOCK_WRLOCKED        hooktraceGlibcLayout = 2
+	hooktraceGlibcLayoutGLIBC_RWLOCK_READER_SHIFT    hooktraceGlibcLayout = 3
+	hooktraceGlibcLayoutGLIBC_RWLOCK_WRITER_OFFSET   hooktraceGlibcLayout = 24
+	hooktraceGlibcLayoutGLIBC_SPIN_UNLOCKED          hooktraceGlibcLayout = 1
+	hooktraceGlibcLayoutGLIBC_MALLOC_ALIGNMENT       hooktraceGlibcLayout = 16
+)
+
+type hooktraceLimits uint32
+
+const (
+	hooktraceLimitsMAX_FRAMES   hooktraceLimits = 48
+	hooktraceLimitsSAMPLE_BYTES hooktraceLimits = 8192
+	hooktraceLimitsSCAN_SLOTS   hooktraceLimits = 512
+	hooktraceLimitsMAX_HELD     hooktraceLimits = 8
+	hooktraceLimitsFREE_PAGES   hooktraceLimits = 4
+	hooktraceLimitsOBJECT_PATH  hooktraceLimits = 256
+)
+
 type hooktraceObject struct {
 	_    structs.HostLayout
 	Type uint32
@@ -39,6 +95,56 @@ type hooktraceObject struct {
 	Len  uint32
 	Path [256]int8
 }
+
+type hooktraceOp uint32
+
+const (
+	hooktraceOpOP_MALLOC             hooktraceOp = 1
+	hooktraceOpOP_CALLOC             hooktraceOp = 2
+	hooktraceOpOP_REALLOC            hooktraceOp = 3
+	hooktraceOpOP_FREE               hooktraceOp = 4
+	hooktraceOpOP_POSIX_MEMALIGN     hooktraceOp = 5
+	hooktraceOpOP_ALIGNED_ALLOC      hooktraceOp = 6
+	hooktraceOpOP_MEMALIGN           hooktraceOp = 7
+	hooktraceOpOP_VALLOC             hooktraceOp = 8
+	hooktraceOpOP_PVALLOC            hooktraceOp = 9
+	hooktraceOpOP_MADVISE            hooktraceOp = 10
+	hooktraceOpOP_MUNMAP             hooktraceOp = 11
+	hooktraceOpOP_MREMAP             hooktraceOp = 12
+	hooktraceOpOP_BRK                hooktraceOp = 13
+	hooktraceOpOP_MMAP               hooktraceOp = 14
+	hooktraceOpOP_MUTEX_LOCK         hooktraceOp = 15
+	hooktraceOpOP_MUTEX_TRYLOCK      hooktraceOp = 16
+	hooktraceOpOP_MUTEX_TIMEDLOCK    hooktraceOp = 17
+	hooktraceOpOP_MUTEX_CLOCKLOCK    hooktraceOp = 18
+	hooktraceOpOP_MUTEX_UNLOCK       hooktraceOp = 19
+	hooktraceOpOP_MUTEX_INIT         hooktraceOp = 20
+	hooktraceOpOP_MUTEX_DESTROY      hooktraceOp = 21
+	hooktraceOpOP_RWLOCK_RDLOCK      hooktraceOp = 22
+	hooktraceOpOP_RWLOCK_WRLOCK      hooktraceOp = 23
+	hooktraceOpOP_RWLOCK_TRYRDLOCK   hooktraceOp = 24
+	hooktraceOpOP_RWLOCK_TRYWRLOCK   hooktraceOp = 25
+	hooktraceOpOP_RWLOCK_TIMEDRDLOCK hooktraceOp = 26
+	hooktraceOpOP_RWLOCK_TIMEDWRLOCK hooktraceOp = 27
+	hooktraceOpOP_RWLOCK_CLOCKRDLOCK hooktraceOp = 28
+	hooktraceOpOP_RWLOCK_CLOCKWRLOCK hooktraceOp = 29
+	hooktraceOpOP_RWLOCK_UNLOCK      hooktraceOp = 30
+	hooktraceOpOP_SPIN_LOCK          hooktraceOp = 31
+	hooktraceOpOP_SPIN_TRYLOCK       hooktraceOp = 32
+	hooktraceOpOP_SPIN_UNLOCK        hooktraceOp = 33
+	hooktraceOpOP_COND_WAIT          hooktraceOp = 34
+	hooktraceOpOP_COND_TIMEDWAIT     hooktraceOp = 35
+	hooktraceOpOP_THREAD_CREATE      hooktraceOp = 36
+	hooktraceOpOP_THREAD_EXIT        hooktraceOp = 37
+	hooktraceOpOP_EXEC               hooktraceOp = 38
+	hooktraceOpOP_PROBE_ENTER        hooktraceOp = 39
+	hooktraceOpOP_PROBE_EXIT         hooktraceOp = 40
+	hooktraceOpOP_RWLOCK_INIT        hooktraceOp = 41
+	hooktraceOpOP_RWLOCK_DESTROY     hooktraceOp = 42
+	hooktraceOpOP_SPIN_INIT          hooktraceOp = 43
+	hooktraceOpOP_SPIN_DESTROY       hooktraceOp = 44
+	hooktraceOpOP_COUNT              hooktraceOp = 45
+)
 
 type hooktraceRecType uint32
 
@@ -72,6 +178,13 @@ type hooktraceStack struct {
 	Hash      uint64
 	Ips       [48]uint64
 }
+
+type hooktraceTraceState uint32
+
+const (
+	hooktraceTraceStateTRACED hooktraceTraceState = 1
+	hooktraceTraceStateGATED  hooktraceTraceState = 2
+)
 
 // loadHooktrace returns the embedded CollectionSpec for hooktrace.
 func loadHooktrace() (*ebpf.CollectionSpec, error) {
@@ -127,11 +240,17 @@ type hooktraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hooktraceVariableSpecs struct {
-	UnusedEvent   *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedObject  *ebpf.VariableSpec `ebpf:"unused_object"`
-	UnusedRecType *ebpf.VariableSpec `ebpf:"unused_rec_type"`
-	UnusedSample  *ebpf.VariableSpec `ebpf:"unused_sample"`
-	UnusedStack   *ebpf.VariableSpec `ebpf:"unused_stack"`
+	UnusedCookieLayout *ebpf.VariableSpec `ebpf:"unused_cookie_layout"`
+	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
+	UnusedGlibcLayout  *ebpf.VariableSpec `ebpf:"unused_glibc_layout"`
+	UnusedLimits       *ebpf.VariableSpec `ebpf:"unused_limits"`
+	UnusedObject       *ebpf.VariableSpec `ebpf:"unused_object"`
+	UnusedOp           *ebpf.VariableSpec `ebpf:"unused_op"`
+	UnusedRecType      *ebpf.VariableSpec `ebpf:"unused_rec_type"`
+	UnusedSample       *ebpf.VariableSpec `ebpf:"unused_sample"`
+	UnusedStack        *ebpf.VariableSpec `ebpf:"unused_stack"`
+	UnusedTraceState   *ebpf.VariableSpec `ebpf:"unused_trace_state"`
 }
 
 // hooktraceObjects contains all objects after they have been loaded into the kernel.
@@ -164,11 +283,17 @@ func (m *hooktraceMaps) Close() error {
 //
 // It can be passed to loadHooktraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hooktraceVariables struct {
-	UnusedEvent   *ebpf.Variable `ebpf:"unused_event"`
-	UnusedObject  *ebpf.Variable `ebpf:"unused_object"`
-	UnusedRecType *ebpf.Variable `ebpf:"unused_rec_type"`
-	UnusedSample  *ebpf.Variable `ebpf:"unused_sample"`
-	UnusedStack   *ebpf.Variable `ebpf:"unused_stack"`
+	UnusedCookieLayout *ebpf.Variable `ebpf:"unused_cookie_layout"`
+	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
+	UnusedGlibcLayout  *ebpf.Variable `ebpf:"unused_glibc_layout"`
+	UnusedLimits       *ebpf.Variable `ebpf:"unused_limits"`
+	UnusedObject       *ebpf.Variable `ebpf:"unused_object"`
+	UnusedOp           *ebpf.Variable `ebpf:"unused_op"`
+	UnusedRecType      *ebpf.Variable `ebpf:"unused_rec_type"`
+	UnusedSample       *ebpf.Variable `ebpf:"unused_sample"`
+	UnusedStack        *ebpf.Variable `ebpf:"unused_stack"`
+	UnusedTraceState   *ebpf.Variable `ebpf:"unused_trace_state"`
 }
 
 // hooktracePrograms contains all programs after they have been loaded into the kernel.
