@@ -20,8 +20,8 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
-	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"github.com/hooktrace/hooktrace/symbolize"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // Options configure a Watcher.
@@ -224,7 +224,7 @@ func (w *Watcher) run(seen map[int]*waitSample, first time.Time, long, early []*
 	// diagnosed again: a thread waiting long in pthread_join, say, would
 	// otherwise cost a full diagnosis every tick.
 	var sym *symbolize.Symbolizer
-	unw := &unwinder{}
+	unw := &unwind.Unwinder{}
 	symbolizer := func() *symbolize.Symbolizer {
 		if sym == nil {
 			sym = symbolize.New(w.pid)
@@ -404,7 +404,7 @@ type blockedThread struct {
 // diagnose reads the blocked threads in full and returns a Hang when
 // their wait-for graph has a cycle, and the cycle: each thread on it, the
 // lock it waits for and that lock's owner.
-func (w *Watcher) diagnose(blocked []*waitSample, now time.Time, sym *symbolize.Symbolizer, unw *unwinder) (*events.Hang, string) {
+func (w *Watcher) diagnose(blocked []*waitSample, now time.Time, sym *symbolize.Symbolizer, unw *unwind.Unwinder) (*events.Hang, string) {
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", w.pid))
 	if err != nil {
 		w.opts.Warn(fmt.Sprintf("hang detection: reading pid %d's memory: %v", w.pid, err))
@@ -602,8 +602,8 @@ func stackHolds(data []byte, v uint64) bool {
 // stack) followed by a return address into code; the first guess with
 // which the walk reaches the end of the stack wins. With none, the short
 // stack is kept and marked truncated.
-func unwindBlocked(unw *unwinder, sym *symbolize.Symbolizer, maps symbolize.Maps, pc, sp uint64, data []byte) ([]uint64, bool) {
-	pcs, complete := unw.unwind(sym, pc, sp, 0, data)
+func unwindBlocked(unw *unwind.Unwinder, sym *symbolize.Symbolizer, maps symbolize.Maps, pc, sp uint64, data []byte) ([]uint64, bool) {
+	pcs, complete := unw.Unwind(sym.ResolveCFI, pc, sp, 0, data)
 	first := append([]uint64(nil), pcs...)
 	if complete {
 		return first, true
@@ -619,24 +619,9 @@ func unwindBlocked(unw *unwinder, sym *symbolize.Symbolizer, maps symbolize.Maps
 		if m, ok := maps.Find(ra); !ok || !m.Executable() {
 			continue
 		}
-		if pcs, complete := unw.unwind(sym, pc, sp, slot, data); complete && len(pcs) > len(first) {
+		if pcs, complete := unw.Unwind(sym.ResolveCFI, pc, sp, slot, data); complete && len(pcs) > len(first) {
 			return append([]uint64(nil), pcs...), true
 		}
 	}
 	return first, false
-}
-
-// unwinder walks a blocked thread's stack with the call-frame information
-// of the objects the process mapped, as the symbolizer read them; it keeps
-// its buffer from one walk to the next.
-type unwinder struct {
-	pcs []uint64
-}
-
-// unwind returns the PCs, the IP first, and whether the walk reached the
-// end of the stack.
-func (u *unwinder) unwind(sym *symbolize.Symbolizer, ip, sp, bp uint64, data []byte) ([]uint64, bool) {
-	var reason string
-	u.pcs, reason = unwind.AppendUnwind(u.pcs[:0], unwind.Sample{IP: ip, SP: sp, BP: bp, Stack: data}, sym.ResolveCFI, 64)
-	return u.pcs, reason == unwind.ReasonEndOfStack
 }

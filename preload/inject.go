@@ -17,8 +17,8 @@ import (
 	"unsafe"
 
 	"github.com/hooktrace/hooktrace/inject"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
-	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"github.com/hooktrace/hooktrace/symbolize"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // NotInjectableError says why the recorder cannot be loaded into a

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/probesite"
 )
 
 // The shim's probe table (src/shm.h): --probe and --forbid
@@ -28,7 +28,7 @@ const (
 // is (object and address) and its first instruction. An instruction that
 // would not do the same at another address (relative to the instruction
 // pointer, or a transfer of control) is refused with the reason.
-func (p *Preload) writeProbes(plan []source.Site, exe string) error {
+func (p *Preload) writeProbes(plan []probesite.Site, exe string) error {
 	exeCanon := exe
 	if c, err := filepath.EvalSymlinks(exe); err == nil {
 		exeCanon = c
@@ -86,7 +86,7 @@ func (e *EntryError) Error() string { return e.Reason() + "; use --recorder ebpf
 
 // entry decodes the first instruction of s, the user's probe spec, which
 // the shim runs from a copy, and finds its rip-relative displacement.
-func entry(s source.Site, spec string) (x86asm.Inst, int, error) {
+func entry(s probesite.Site, spec string) (x86asm.Inst, int, error) {
 	if len(s.Code) == 0 {
 		return x86asm.Inst{}, 0, fmt.Errorf("--probe %s: its code could not be read", spec)
 	}
@@ -106,7 +106,7 @@ func entry(s source.Site, spec string) (x86asm.Inst, int, error) {
 // probes: an *EntryError names one it cannot. Other errors (a function
 // not found) are the same whichever recorder runs.
 func CheckProbes(exe string, probes []string) error {
-	plan, err := source.PlanSites(0, exe, probes, func(string) {})
+	plan, err := probesite.PlanSites(0, exe, probes, func(string) {})
 	if err != nil {
 		return err
 	}

@@ -23,8 +23,9 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
+	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/source"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 // The shared-memory layout of src/shm.h (TestShmLayout checks these
@@ -302,14 +303,14 @@ func (p *Preload) Attach(pid int, exe string) error {
 		// Which allocator the target will use, for the header: the
 		// shim forwards to it and knows exactly when a call is inside
 		// it, so the converter needs no address range.
-		plan, err := source.PlanSites(pid, exe, p.opts.UserProbes, p.probeWarn)
+		plan, err := probesite.PlanSites(pid, exe, p.opts.UserProbes, p.probeWarn)
 		if err != nil {
 			if len(p.opts.UserProbes) > 0 {
 				return err
 			}
 			return nil
 		}
-		if a := source.FindAllocator(plan); a != nil {
+		if a := probesite.FindAllocator(plan); a != nil {
 			p.allocator = a.Name
 			// Where its code is, so that its own lock calls inside
 			// an allocator call are not taken for a hook's.
@@ -330,7 +331,7 @@ func (p *Preload) Attach(pid int, exe string) error {
 // probeWarn passes on what planning says about the --probe functions
 // (which clones are probed); the rest concerns uprobes the shim does not use.
 func (p *Preload) probeWarn(msg string) {
-	if p.opts.Warn != nil && (strings.HasPrefix(msg, "--probe ") || strings.HasPrefix(msg, source.MissingRulePrefix)) {
+	if p.opts.Warn != nil && (strings.HasPrefix(msg, "--probe ") || strings.HasPrefix(msg, probesite.MissingRulePrefix)) {
 		p.opts.Warn(msg)
 	}
 }
@@ -390,7 +391,7 @@ func (p *Preload) Sites() []events.ProbeSite {
 	if p.live != nil {
 		lib = "libhooktrace_inject.so"
 	}
-	for _, f := range source.ProbeFuncs {
+	for _, f := range probesite.ProbeFuncs {
 		out = append(out, events.ProbeSite{Name: f.Name, Object: lib, Kind: "preload"})
 	}
 	for _, name := range []string{"pthread_cond_clockwait", "reallocarray", "pthread_create", "pthread_exit",

@@ -13,8 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/abi"
 	"github.com/hooktrace/hooktrace/internal/proc"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/probesite"
+	"github.com/hooktrace/hooktrace/symbolize"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // Converter turns raw ring-buffer records into events.Records: it gives
@@ -28,10 +31,10 @@ type Converter struct {
 	mu sync.Mutex
 	// allocs is the allocator each process uses, as the probes placed
 	// for its current image found it.
-	allocs map[uint32]*AllocRange
+	allocs map[uint32]*probesite.AllocRange
 	// allocCode: where each process's allocator code is, to tell its own
 	// lock calls inside an allocator call from a hook's (both recorders).
-	allocCode map[uint32]*AllocRange
+	allocCode map[uint32]*probesite.AllocRange
 	// Threads and lock addresses seen, for the live status line.
 	nthreads, nlocks atomic.Int64
 	// Emit receives the records.
@@ -40,7 +43,7 @@ type Converter struct {
 	lostSeen uint64
 	// OnFork hears of a child a traced process forked, to follow.
 	OnFork func(pid uint32)
-	unw    *unwinder
+	unw    *unwind.Unwinder
 	warn   func(string)
 	// Hide is an object whose frames are not the target's (the preloaded
 	// recorder's interposers), dropped from unwound stacks.
@@ -134,13 +137,13 @@ func plausibleFrames(maps symbolize.Maps, pcs []uint64) ([]uint64, bool) {
 
 // NewConverter returns a converter that emits nothing until Emit is set.
 func NewConverter(warn func(string)) *Converter {
-	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*AllocRange{}, allocCode: map[uint32]*AllocRange{}, unw: newUnwinder()}
+	return &Converter{warn: warn, procs: map[uint32]*procState{}, allocs: map[uint32]*probesite.AllocRange{}, allocCode: map[uint32]*probesite.AllocRange{}, unw: &unwind.Unwinder{}}
 }
 
 // SetAllocator records which allocator pid uses, and starts watching pid
 // if it is new: from Attach on, its mappings are known even if it exits
 // before the reader sees its first event.
-func (c *Converter) SetAllocator(pid uint32, r *AllocRange) {
+func (c *Converter) SetAllocator(pid uint32, r *probesite.AllocRange) {
 	c.mu.Lock()
 	c.allocs[pid] = r
 	c.allocCode[pid] = r
@@ -151,21 +154,21 @@ func (c *Converter) SetAllocator(pid uint32, r *AllocRange) {
 // SetAllocatorCode records where pid's allocator code is, for a recorder
 // that knows itself when a call is inside the allocator (the preload
 // shim) but not whose code a lock call inside it comes from.
-func (c *Converter) SetAllocatorCode(pid uint32, r *AllocRange) {
+func (c *Converter) SetAllocatorCode(pid uint32, r *probesite.AllocRange) {
 	c.mu.Lock()
 	c.allocCode[pid] = r
 	c.mu.Unlock()
 }
 
 // allocatorCode is where pid's allocator code is, nil when unknown.
-func (c *Converter) allocatorCode(pid uint32) *AllocRange {
+func (c *Converter) allocatorCode(pid uint32) *probesite.AllocRange {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.allocCode[pid]
 }
 
 // allocator is the allocator pid uses, nil when unknown.
-func (c *Converter) allocator(pid uint32) *AllocRange {
+func (c *Converter) allocator(pid uint32) *probesite.AllocRange {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.allocs[pid]
@@ -246,7 +249,7 @@ func (c *Converter) proc(pid uint32) *procState {
 // child starts watching a forked child with its parent's allocator,
 // unless the gate's placement got there first. It says whether the child
 // is new.
-func (c *Converter) child(pid uint32, parent *procState, alloc, code *AllocRange) bool {
+func (c *Converter) child(pid uint32, parent *procState, alloc, code *probesite.AllocRange) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.procs[pid]; ok {
@@ -264,12 +267,12 @@ var (
 	// SizeEvent is an event record's size, for a reader that looks at
 	// records before converting them (the preload recorder's merge by
 	// time).
-	SizeEvent = int(unsafe.Sizeof(hooktraceEvent{}))
-	sizeStack = int(unsafe.Sizeof(hooktraceStack{}))
+	SizeEvent = int(unsafe.Sizeof(abi.Event{}))
+	sizeStack = int(unsafe.Sizeof(abi.Stack{}))
 	// A sample record is sent at its used length: the header and Len
 	// bytes of Data.
-	sampleHeader = int(unsafe.Offsetof(hooktraceSample{}.Data))
-	objectHeader = int(unsafe.Offsetof(hooktraceObject{}.Path))
+	sampleHeader = int(unsafe.Offsetof(abi.Sample{}.Data))
+	objectHeader = int(unsafe.Offsetof(abi.Object{}.Path))
 )
 
 // Raw converts one record as the BPF ring or the preload recorder's ring
@@ -279,29 +282,29 @@ func (c *Converter) Raw(b []byte) error {
 		return fmt.Errorf("ring buffer record of %d bytes", len(b))
 	}
 	switch binary.LittleEndian.Uint32(b) {
-	case uint32(hooktraceRecTypeREC_EVENT):
+	case uint32(abi.RecEvent):
 		if len(b) < SizeEvent {
 			return fmt.Errorf("short event record: %d bytes", len(b))
 		}
-		return c.event((*hooktraceEvent)(unsafe.Pointer(&b[0])))
-	case uint32(hooktraceRecTypeREC_STACK):
+		return c.event((*abi.Event)(unsafe.Pointer(&b[0])))
+	case uint32(abi.RecStack):
 		if len(b) < sizeStack {
 			return fmt.Errorf("short stack record: %d bytes", len(b))
 		}
-		return c.stack((*hooktraceStack)(unsafe.Pointer(&b[0])))
-	case uint32(hooktraceRecTypeREC_SAMPLE):
+		return c.stack((*abi.Stack)(unsafe.Pointer(&b[0])))
+	case uint32(abi.RecSample):
 		if len(b) < sampleHeader {
 			return fmt.Errorf("short sample record: %d bytes", len(b))
 		}
-		var r hooktraceSample
+		var r abi.Sample
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), sampleHeader), b)
 		n := min(int(r.Len), len(b)-sampleHeader, len(r.Data))
 		return c.sample(&r, b[sampleHeader:sampleHeader+n])
-	case uint32(hooktraceRecTypeREC_OBJECT):
+	case uint32(abi.RecObject):
 		if len(b) < objectHeader {
 			return fmt.Errorf("short object record: %d bytes", len(b))
 		}
-		var r hooktraceObject
+		var r abi.Object
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), unsafe.Sizeof(r)), b)
 		c.object(&r)
 		return nil
@@ -309,7 +312,7 @@ func (c *Converter) Raw(b []byte) error {
 	return fmt.Errorf("unknown ring buffer record type %d", binary.LittleEndian.Uint32(b))
 }
 
-func (c *Converter) event(r *hooktraceEvent) error {
+func (c *Converter) event(r *abi.Event) error {
 	p := c.proc(r.Pid)
 	op := events.Op(r.Op)
 	if op == events.OpExec {
@@ -406,7 +409,7 @@ func (c *Converter) event(r *hooktraceEvent) error {
 
 // object pins a library the process loaded to its addresses, or unpins
 // one it is unloading: its stacks may be named after it is gone.
-func (c *Converter) object(r *hooktraceObject) {
+func (c *Converter) object(r *abi.Object) {
 	p := c.proc(r.Pid)
 	if r.Gone != 0 {
 		p.sym.Unpin(r.Base)
@@ -422,7 +425,7 @@ func (c *Converter) object(r *hooktraceObject) {
 	}
 }
 
-func (c *Converter) stack(r *hooktraceStack) error {
+func (c *Converter) stack(r *abi.Stack) error {
 	p := c.proc(r.Pid)
 	if _, ok := p.stacks[r.Hash]; ok {
 		return nil // sent before the kernel's LRU forgot it
@@ -440,10 +443,10 @@ func (c *Converter) stack(r *hooktraceStack) error {
 	return err
 }
 
-func (c *Converter) sample(r *hooktraceSample, data []byte) error {
+func (c *Converter) sample(r *abi.Sample, data []byte) error {
 	p := c.proc(r.Pid)
 	maps := p.mapsFor(r.Ip)
-	pcs, complete := c.unw.unwind(p.sym, r.Ip, r.Sp, r.Bp, data)
+	pcs, complete := c.unw.Unwind(p.sym.ResolveCFI, r.Ip, r.Sp, r.Bp, data)
 	if c.Hide != "" {
 		pcs, complete = maps.DropObject(pcs, complete, c.Hide)
 	}

@@ -4,10 +4,9 @@
 // BPF tracer (package tracer) and the preloaded recorder (package
 // preload) write the same records (the layout of ../bpf/hooktrace.h), and
 // one Converter turns them into events.Records, with symbolized stacks and
-// named locks and threads, read while the process is alive. Both find the
-// functions they record the same way (PlanSites: the definition the
-// loader will bind, and where the allocator's code lies), take the same
-// Options and refuse the same processes.
+// named locks and threads, read while the process is alive. Both take the
+// same Options and refuse the same processes; both find the functions they
+// record the same way, through package probesite.
 package source
 
 import (
@@ -55,11 +54,20 @@ func (o *Options) Defaults() error {
 	if o.Mode == "" {
 		o.Mode = ModeAggregate
 	}
-	if o.Mode != ModeAggregate && o.Mode != ModeFull {
-		return fmt.Errorf("unknown mode %q (aggregate or full)", o.Mode)
+	if err := CheckMode(o.Mode); err != nil {
+		return fmt.Errorf("mode %w", err)
 	}
 	if o.Warn == nil {
 		o.Warn = func(string) {}
+	}
+	return nil
+}
+
+// CheckMode says why mode is none of the modes a source records in; the
+// CLI's --mode flag and Defaults both ask it.
+func CheckMode(mode string) error {
+	if mode != ModeAggregate && mode != ModeFull {
+		return fmt.Errorf("%q: want %s or %s", mode, ModeAggregate, ModeFull)
 	}
 	return nil
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/source"
-	"github.com/hooktrace/hooktrace/tracer/placement"
+	"github.com/hooktrace/hooktrace/placement"
+	"github.com/hooktrace/hooktrace/probesite"
 )
 
 // probeBatch is one uprobe_multi link: every entry (or every return) probe
@@ -36,7 +36,7 @@ type probeBatch struct {
 // has overwritten kills the process on its next call.
 // Sites in placed (by pid, object, offset, kind) are skipped, and the new
 // ones added to it: a re-planned process keeps its probes.
-func attachPlan(pid int, plan []source.Site, prog, retProg *ebpf.Program, alloc *source.AllocRange, placed map[string]bool, warn func(string)) ([]link.Link, []events.ProbeSite) {
+func attachPlan(pid int, plan []probesite.Site, prog, retProg *ebpf.Program, alloc *probesite.AllocRange, placed map[string]bool, warn func(string)) ([]link.Link, []events.ProbeSite) {
 	batches := map[[2]string]*probeBatch{}
 	var order [][2]string
 	add := func(object, file string, ret bool, addr, cookie uint64, ps events.ProbeSite) {
@@ -146,7 +146,7 @@ func userField(idx int) uint32 {
 // dlopen's return probe is one trap more for each library loaded. Two
 // links an object, as attachPlan's batches: each link's removal waits for
 // a grace period.
-func attachLoaderCalls(pid int, plan []source.Site, objs *hooktraceObjects, placed map[string]bool, warn func(string)) []link.Link {
+func attachLoaderCalls(pid int, plan []probesite.Site, objs *hooktraceObjects, placed map[string]bool, warn func(string)) []link.Link {
 	var links []link.Link
 	seen := map[string]bool{}
 	for i := range plan {

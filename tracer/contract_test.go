@@ -14,8 +14,9 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/hang"
+	"github.com/hooktrace/hooktrace/internal/abi"
 	"github.com/hooktrace/hooktrace/internal/testenv"
-	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/probesite"
 )
 
 // The BPF side's numbers are enums in bpf/hooktrace.h; these tests read
@@ -77,8 +78,8 @@ func TestOpsMatchBPF(t *testing.T) {
 			t.Errorf("%s = %d in bpf/hooktrace.h has no events.Op", n, v)
 		}
 	}
-	if uint64(hooktraceOpOP_COUNT) != c["OP_COUNT"] {
-		t.Errorf("generated OP_COUNT %d, object %d: run make generate", hooktraceOpOP_COUNT, c["OP_COUNT"])
+	if uint64(abi.OpCount) != c["OP_COUNT"] {
+		t.Errorf("generated OP_COUNT %d, object %d: run make generate", abi.OpCount, c["OP_COUNT"])
 	}
 }
 
@@ -113,7 +114,7 @@ func TestFlagsMatchBPF(t *testing.T) {
 func TestProbeFuncsAreOps(t *testing.T) {
 	c := objectEnum(t, "op")
 	probed := map[events.Op]bool{}
-	for _, f := range source.ProbeFuncs {
+	for _, f := range probesite.ProbeFuncs {
 		probed[f.Op] = true
 		if f.Name != f.Op.String() {
 			t.Errorf("probe %s for op %v", f.Name, f.Op)
@@ -176,7 +177,7 @@ int main(int argc, char **argv) {
 		t.Fatal(err)
 	}
 	bin := testenv.C{Source: src, Name: "cookie"}.Build(t)
-	r := &source.AllocRange{Object: "libc.so.6", Lo: 0x9a000, Hi: 0x9a000 + 0x1c345}
+	r := &probesite.AllocRange{Object: "libc.so.6", Lo: 0x9a000, Hi: 0x9a000 + 0x1c345}
 	alloc := probeCookie{op: events.OpMalloc, adj: 0x18}
 	alloc.setRange(r, 0xa1230)
 	if alloc.length == 0 {

@@ -4,12 +4,13 @@ package tracer
 
 import (
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/internal/abi"
+	"github.com/hooktrace/hooktrace/probesite"
 )
 
 // probeCookie is what a uprobe's BPF cookie tells the probe: the layout of
 // COOKIE_* in bpf/hooktrace.h, whose shifts and widths are the generated
-// hooktraceCookieLayout constants.
+// abi.Cookie* constants.
 type probeCookie struct {
 	op  events.Op
 	adj uint16 // bytes pushed since the function's entry at the probe site
@@ -27,19 +28,19 @@ type probeCookie struct {
 }
 
 const (
-	cookieOpShift    = uint64(hooktraceCookieLayoutCOOKIE_OP_SHIFT)
-	cookieOpBits     = uint64(hooktraceCookieLayoutCOOKIE_OP_BITS)
-	cookieAdjShift   = uint64(hooktraceCookieLayoutCOOKIE_ADJ_SHIFT)
-	cookieAdjBits    = uint64(hooktraceCookieLayoutCOOKIE_ADJ_BITS)
-	cookieUserShift  = uint64(hooktraceCookieLayoutCOOKIE_USER_SHIFT)
-	cookieAliasShift = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT)
-	cookieAliasBits  = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_BITS)
-	cookieRefires    = uint64(hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT)
-	cookieBackShift  = uint64(hooktraceCookieLayoutCOOKIE_BACK_SHIFT)
-	cookieBackBits   = uint64(hooktraceCookieLayoutCOOKIE_BACK_BITS)
-	cookieLenShift   = uint64(hooktraceCookieLayoutCOOKIE_LEN_SHIFT)
-	cookieLenBits    = uint64(hooktraceCookieLayoutCOOKIE_LEN_BITS)
-	cookieLenUnit    = uint64(hooktraceCookieLayoutCOOKIE_LEN_UNIT_SHIFT)
+	cookieOpShift    = uint64(abi.CookieOpShift)
+	cookieOpBits     = uint64(abi.CookieOpBits)
+	cookieAdjShift   = uint64(abi.CookieAdjShift)
+	cookieAdjBits    = uint64(abi.CookieAdjBits)
+	cookieUserShift  = uint64(abi.CookieUserShift)
+	cookieAliasShift = uint64(abi.CookieAliasShift)
+	cookieAliasBits  = uint64(abi.CookieAliasBits)
+	cookieRefires    = uint64(abi.CookieRefiresShift)
+	cookieBackShift  = uint64(abi.CookieBackShift)
+	cookieBackBits   = uint64(abi.CookieBackBits)
+	cookieLenShift   = uint64(abi.CookieLenShift)
+	cookieLenBits    = uint64(abi.CookieLenBits)
+	cookieLenUnit    = uint64(abi.CookieLenUnitShift)
 )
 
 func field(v, shift, bits uint64) uint64 { return v >> shift & (1<<bits - 1) }
@@ -83,7 +84,7 @@ func (c probeCookie) rangeBytes() uint64 { return uint64(c.length) << cookieLenU
 // setRange sets, for an allocator probe at file offset off, where the
 // allocator's code r lies relative to it (see COOKIE_RANGE_* in BPF); it
 // leaves c alone when the range does not fit the cookie's fields.
-func (c *probeCookie) setRange(r *source.AllocRange, off uint64) {
+func (c *probeCookie) setRange(r *probesite.AllocRange, off uint64) {
 	if r == nil || r.Object == "" || off < r.Lo {
 		return
 	}

@@ -2,7 +2,7 @@
 
 // Package tracer is hooktrace's BPF source of events: Tracer loads the
 // objects generated from ../bpf, places uprobes on the functions
-// source.PlanSites finds, attaches the tracepoints and reads the ring
+// probesite.PlanSites finds, attaches the tracepoints and reads the ring
 // buffer. The other source is the preloaded recorder (package preload);
 // both write the same records, which package source converts into events.
 // Launching and holding the target (package launch), tracing a command
@@ -27,8 +27,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/abi"
+	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/source"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 // Errors a user can hit, for distinct exit codes.
@@ -219,9 +221,9 @@ func (t *Tracer) Attach(pid int, exe string) error {
 	}
 	// A gated child is only traced from its exec: its own start-up is
 	// hooktrace's, not the target's.
-	state := uint8(hooktraceTraceStateTRACED)
+	state := uint8(abi.TraceStateTraced)
 	if exe != "" {
-		state = uint8(hooktraceTraceStateGATED)
+		state = uint8(abi.TraceStateGated)
 	}
 	key := uint32(pid)
 	if err := t.objs.Traced.Put(&key, &state); err != nil {
@@ -259,11 +261,11 @@ func (t *Tracer) place(pid int, exe string) error {
 	t.placeMu.Lock()
 	defer t.placeMu.Unlock()
 	prog, retProg := t.objs.UprobeHook, t.objs.UretprobeHook
-	plan, err := source.PlanSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
+	plan, err := probesite.PlanSites(pid, exe, t.opts.UserProbes, t.opts.Warn)
 	if err != nil {
 		return err
 	}
-	alloc := source.FindAllocator(plan)
+	alloc := probesite.FindAllocator(plan)
 	t.conv.SetAllocator(uint32(pid), alloc)
 	if alloc != nil {
 		alloc.Obj.PrefetchDWARF() // the probes' stacks start in it
@@ -472,7 +474,7 @@ func (t *Tracer) RingRead() (records, bytes uint64) {
 // Lost is how many records the ring buffer had no room for.
 func (t *Tracer) Lost() uint64 {
 	var total uint64
-	for k := uint32(0); k < uint32(hooktraceRecTypeREC_SLOTS); k++ {
+	for k := uint32(0); k < uint32(abi.RecSlots); k++ {
 		var per []uint64
 		if err := t.objs.Lost.Lookup(&k, &per); err == nil {
 			for _, v := range per {

@@ -16,7 +16,7 @@ import (
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/hang"
 	"github.com/hooktrace/hooktrace/internal/proc"
-	sess "github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
 	"github.com/hooktrace/hooktrace/tracer"
 )
@@ -54,11 +54,11 @@ the process, as a debugger does.`,
 	return c
 }
 
-// attachment is attach's hold on a running process: the session, the
+// attachment is attach's hold on a running process: the recording, the
 // process's exit, the signals that end the attach, and hang detection,
 // which runs from the start, before and whatever the probes.
 type attachment struct {
-	s      *session
+	s      *recording
 	pid    int
 	began  time.Time
 	pidfd  int
@@ -75,7 +75,7 @@ type attachment struct {
 
 func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	began := time.Now()
-	s, opts, err := prepareSession(f)
+	s, opts, err := prepareRecording(f)
 	if err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ type placing struct {
 // records: eBPF not permitted, which hang detection alone then makes up
 // for), or the footer's reason when the attach ended before the probes
 // were live: a deadlock found, a signal.
-func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
+func (a *attachment) place(opts source.Options) (*session.Reading, string, error) {
 	placed := make(chan placing, 1)
 	cancel := make(chan struct{})
 	// Read before the goroutine: opening the recorder settles the flag.
@@ -228,16 +228,16 @@ func (a *attachment) place(opts source.Options) (*sess.Reading, string, error) {
 	}
 }
 
-// record starts the session with the recorder placed, or, where eBPF is
+// record starts the recording with the recorder placed, or, where eBPF is
 // not permitted, with hang detection alone, saying so.
-func (a *attachment) record(p placing) (*sess.Reading, error) {
+func (a *attachment) record(p placing) (*session.Reading, error) {
 	s := a.s
 	if p.err == nil {
 		s.useRecorder(p.tr)
 		err := s.checkPlaced(a.pid, s.header.Exe)
 		if err == nil {
 			s.header.Allocator = p.tr.Allocator()
-			var reading *sess.Reading
+			var reading *session.Reading
 			if reading, err = s.start(); err == nil {
 				return reading, nil
 			}

@@ -59,7 +59,7 @@ type hangWatch struct {
 }
 
 // watchHang starts hang detection on pid, unless --hang-timeout is 0.
-func (s *session) watchHang(pid int, defaultAction string) *hangWatch {
+func (s *recording) watchHang(pid int, defaultAction string) *hangWatch {
 	f := &s.flags.hang
 	if f.timeout <= 0 {
 		return nil
@@ -104,7 +104,7 @@ func (h *hangWatch) stop() {
 // onHang records a deadlock for the footer, says so on stderr and acts:
 // kill sends SIGKILL; detach leaves the target as it is. It returns the
 // footer's reason.
-func (s *session) onHang(h *hangWatch, found *events.Hang) string {
+func (s *recording) onHang(h *hangWatch, found *events.Hang) string {
 	s.hang = found
 	fmt.Fprintf(os.Stderr, "hooktrace: deadlock in pid %d: %s\n", h.pid, hangSummary(found))
 	if h.action == "kill" {
@@ -153,7 +153,7 @@ func hangSummary(h *events.Hang) string {
 // deadlock. On one it kills the target and waits for it, or with
 // --on-hang=detach stops waiting (the target runs on, deadlocked). It
 // returns the footer's reason and Wait's error.
-func (s *session) waitTarget(pid int, wait func() error) (reason string, waitErr error) {
+func (s *recording) waitTarget(pid int, wait func() error) (reason string, waitErr error) {
 	h := s.watchHang(pid, "kill")
 	if h == nil {
 		return "target exited", wait()
@@ -176,7 +176,7 @@ func (s *session) waitTarget(pid int, wait func() error) (reason string, waitErr
 // targetExit is the target's exit code or signal, from ws once wait
 // returned; nothing after --on-hang=detach, when the target runs on (and
 // ws is not to be read: the wait is still going on).
-func (s *session) targetExit(ws *syscall.WaitStatus) (*int, string) {
+func (s *recording) targetExit(ws *syscall.WaitStatus) (*int, string) {
 	if s.hang != nil && s.hang.Action == "detach" {
 		return nil, ""
 	}

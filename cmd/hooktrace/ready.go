@@ -15,7 +15,7 @@ import (
 
 // clearReady removes a --ready-file left by an earlier run before anything
 // starts: a script waiting for it must not see a stale one.
-func (s *session) clearReady() error {
+func (s *recording) clearReady() error {
 	path := s.flags.readyFile
 	if path == "" {
 		return nil
@@ -29,7 +29,7 @@ func (s *session) clearReady() error {
 // writeReady writes --ready-file once the probes are live: the traced
 // PID and a newline. It appears whole (written aside, then renamed), so a
 // script may read it as soon as it exists.
-func (s *session) writeReady(pid int) error {
+func (s *recording) writeReady(pid int) error {
 	path := s.flags.readyFile
 	if path == "" {
 		return nil
@@ -56,7 +56,7 @@ func (s *session) writeReady(pid int) error {
 // checkPlaced says on stderr how many probes were placed, and where, and
 // fails when none of them catches a lock being taken: the report of such
 // a run could only ever say "no findings". exe names what was searched.
-func (s *session) checkPlaced(pid int, exe string) error {
+func (s *recording) checkPlaced(pid int, exe string) error {
 	sites := s.tr.Sites()
 	perObject := map[string]int{}
 	uprobes, locks := 0, 0

@@ -12,10 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/hooktrace/hooktrace/preload"
-	sess "github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/symbolize"
 	"github.com/hooktrace/hooktrace/tracer"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 // Recorders run can use.
@@ -28,11 +28,11 @@ const (
 	recorderNone = "none"
 )
 
-// recorder is a source of events for a session: the BPF tracer (uprobes
+// recorder is a source of events for a recording: the BPF tracer (uprobes
 // and tracepoints) or the preloaded user-space recorder. Both turn what
 // they see into the same records through the same converter.
 type recorder interface {
-	sess.Recorder
+	session.Recorder
 	// Seen is what the status line shows: threads and locks so far.
 	Seen() (threads, locks int64)
 }
@@ -170,7 +170,7 @@ func recorderName(r recorder) string {
 	return recorderEBPF
 }
 
-// resolveRecorder settles --recorder for run before the session opens.
+// resolveRecorder settles --recorder for run before the recording opens.
 func resolveRecorder(f *traceFlags, argv []string) error {
 	choice, err := chooseRecorder(f.recorder, argv)
 	var auto errAutoEBPF

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/hooktrace/hooktrace/events"
-	sess "github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/session"
 )
 
 func newRunCmd() *cobra.Command {
@@ -59,13 +59,13 @@ func runTraced(f *traceFlags, argv []string) error {
 }
 
 // runGated runs argv traced from its first instruction to its exit (or
-// to its hang, with hang detection) and returns the finished session, its
+// to its hang, with hang detection) and returns the finished recording, its
 // footer, and when the target was let go to exec (CLOCK_MONOTONIC).
-func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, error) {
+func runGated(f *traceFlags, argv []string) (*recording, *events.Footer, uint64, error) {
 	if err := resolveRecorder(f, argv); err != nil {
 		return nil, nil, 0, err
 	}
-	s, err := newSession(f)
+	s, err := newRecording(f)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -73,7 +73,7 @@ func runGated(f *traceFlags, argv []string) (*session, *events.Footer, uint64, e
 		s.tr.Close()
 		return nil, nil, 0, err
 	}
-	t, err := sess.Launch(s.tr, argv)
+	t, err := session.Launch(s.tr, argv)
 	if err != nil {
 		s.tr.Close()
 		return nil, nil, 0, err
@@ -200,7 +200,7 @@ func exitStatus(ws syscall.WaitStatus) (*int, string) {
 //     (--on-hang=detach) — unless --ignore-target-status;
 //   - 1 (--error-exitcode) when findings fail the gate;
 //   - 0.
-func (s *session) runStatus(foot *events.Footer, gateErr error) error {
+func (s *recording) runStatus(foot *events.Footer, gateErr error) error {
 	if gateErr != nil && !isGateFailure(gateErr) {
 		return gateErr
 	}

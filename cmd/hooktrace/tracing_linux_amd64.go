@@ -9,8 +9,8 @@ import (
 
 	"github.com/hooktrace/hooktrace/launch"
 	"github.com/hooktrace/hooktrace/source"
+	"github.com/hooktrace/hooktrace/symbolize"
 	"github.com/hooktrace/hooktrace/tracer"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
 )
 
 func init() {

@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package source
+package probesite
 
 import (
 	"bytes"
@@ -14,8 +14,8 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/funcname"
-	"github.com/hooktrace/hooktrace/tracer/placement"
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/placement"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 // ProbeFunc is a function hooktrace traces and how.

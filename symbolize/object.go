@@ -29,7 +29,7 @@ import (
 	"syscall"
 
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"github.com/hooktrace/hooktrace/unwind"
 )
 
 // Object is one ELF file as the tracer sees it: its symbols, debug

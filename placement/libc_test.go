@@ -184,7 +184,7 @@ func writeGlibcFunctions(t *testing.T, path string, funcs map[string][]byte) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Debian 12 glibc 2.36 (libc6 2.36-9+deb12u14, amd64): %s, build-id %s.\n", libcPath, measuredLibcBuildID)
 	b.WriteString("# The functions hooktrace probes, whole (a site a later branch jumps back to is refused),\n")
-	b.WriteString("# as .dynsym sizes them: NAME SIZE HEX. Rewritten by go test ./tracer/placement -run TestChooseLiveLibc -update.\n")
+	b.WriteString("# as .dynsym sizes them: NAME SIZE HEX. Rewritten by go test ./placement -run TestChooseLiveLibc -update.\n")
 	for _, s := range glibcSites {
 		fmt.Fprintf(&b, "%s %d %x\n", s.name, len(funcs[s.name]), funcs[s.name])
 	}

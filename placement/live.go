@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/arch/x86/x86asm"
 
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 var (

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/hooktrace/hooktrace/events"
-	"github.com/hooktrace/hooktrace/tracer/unwind"
+	"github.com/hooktrace/hooktrace/unwind"
 	"golang.org/x/sys/unix"
 )
 

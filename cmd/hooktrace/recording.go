@@ -18,8 +18,9 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/proc"
+	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/rules"
-	sess "github.com/hooktrace/hooktrace/session"
+	"github.com/hooktrace/hooktrace/session"
 	"github.com/hooktrace/hooktrace/source"
 )
 
@@ -68,7 +69,7 @@ func (f *traceFlags) register(c *cobra.Command) {
 // userProbes is --probe plus both sides of every --forbid rule, read by
 // the analyzer's own parser so that run, attach and analyze accept the
 // same rules, plus the INNER side of every --rules pack's rules, which a
-// program may lack (source.OptionalProbe).
+// program may lack (probesite.OptionalProbe).
 func (f *traceFlags) userProbes() ([]string, error) {
 	out := append([]string(nil), f.probes...)
 	have := map[string]bool{}
@@ -95,7 +96,7 @@ func (f *traceFlags) userProbes() ([]string, error) {
 		for _, p := range pk.Inners() {
 			if !have[p] {
 				have[p] = true
-				out = append(out, source.OptionalProbe+p)
+				out = append(out, probesite.OptionalProbe+p)
 			}
 		}
 	}
@@ -119,10 +120,10 @@ func (f *traceFlags) forbidSpecs() []string {
 // optimised build), and otherwise only a debug message: most programs use
 // a few of the functions a pack knows.
 func (f *traceFlags) warn(msg string) {
-	if strings.HasPrefix(msg, source.MissingRulePrefix) {
+	if strings.HasPrefix(msg, probesite.MissingRulePrefix) {
 		for _, pk := range f.packs {
 			for fn, why := range pk.Missing {
-				if strings.HasPrefix(msg, source.MissingRulePrefix+fn+" ") {
+				if strings.HasPrefix(msg, probesite.MissingRulePrefix+fn+" ") {
 					slog.Warn(msg + ": " + why)
 					return
 				}
@@ -134,19 +135,19 @@ func (f *traceFlags) warn(msg string) {
 	slog.Warn(msg)
 }
 
-// session is one tracing run: the tracer, the trace file, the live status.
-type session struct {
+// recording is one tracing run: the tracer, the trace file, the live status.
+type recording struct {
 	flags  *traceFlags
 	tr     recorder
 	header events.Header
-	sink   *sess.Sink
+	sink   *session.Sink
 	status *statusLine
 	hang   *events.Hang // the deadlock hang detection found, if any
 	ranks  *jobRanks    // which process was which rank, for the footer
 }
 
-func newSession(f *traceFlags) (*session, error) {
-	s, opts, err := prepareSession(f)
+func newRecording(f *traceFlags) (*recording, error) {
+	s, opts, err := prepareRecording(f)
 	if err != nil {
 		return nil, err
 	}
@@ -158,11 +159,11 @@ func newSession(f *traceFlags) (*session, error) {
 	return s, nil
 }
 
-// prepareSession checks the flags and starts the trace's header; the
+// prepareRecording checks the flags and starts the trace's header; the
 // recorder is opened with the returned options.
-func prepareSession(f *traceFlags) (*session, source.Options, error) {
-	if f.mode != source.ModeAggregate && f.mode != source.ModeFull {
-		return nil, source.Options{}, usageError{fmt.Errorf("--mode %q: want %s or %s", f.mode, source.ModeAggregate, source.ModeFull)}
+func prepareRecording(f *traceFlags) (*recording, source.Options, error) {
+	if err := source.CheckMode(f.mode); err != nil {
+		return nil, source.Options{}, usageError{fmt.Errorf("--mode %w", err)}
 	}
 	probes, err := f.userProbes()
 	if err != nil {
@@ -186,7 +187,7 @@ func prepareSession(f *traceFlags) (*session, source.Options, error) {
 		UserProbes:  probes,
 		Warn:        f.warn,
 	}
-	s := &session{flags: f}
+	s := &recording{flags: f}
 	s.header = events.Header{
 		Version:    events.Version,
 		Tool:       "hooktrace " + version,
@@ -218,8 +219,8 @@ func openRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 	return tr, nil
 }
 
-// useRecorder makes tr the session's recorder.
-func (s *session) useRecorder(tr recorder) {
+// useRecorder makes tr the recording's recorder.
+func (s *recording) useRecorder(tr recorder) {
 	s.tr = tr
 	s.header.Recorder = recorderName(tr)
 	s.header.NoEBPF = s.flags.noEBPF
@@ -227,20 +228,20 @@ func (s *session) useRecorder(tr recorder) {
 
 // start opens the output and runs the reader until the returned reading
 // is stopped.
-func (s *session) start() (*sess.Reading, error) {
+func (s *recording) start() (*session.Reading, error) {
 	s.header.Probes = s.tr.Sites()
 	output, err := expandOutputPath(s.flags.output, &s.header)
 	if err != nil {
 		return nil, err
 	}
-	sink, err := sess.NewSink(output, &s.header)
+	sink, err := session.NewSink(output, &s.header)
 	if err != nil {
 		return nil, err
 	}
 	s.sink = sink
 	s.status = newStatusLine(s.tr)
 	s.ranks = newJobRanks(os.Getenv)
-	reading, err := sess.Record(s.tr, func(r *events.Record) error {
+	reading, err := session.Record(s.tr, func(r *events.Record) error {
 		s.ranks.observe(r)
 		return s.sink.Add(r)
 	})
@@ -251,25 +252,25 @@ func (s *session) start() (*sess.Reading, error) {
 	return reading, nil
 }
 
-// startUnrecorded opens the output of a session that records nothing,
+// startUnrecorded opens the output of a recording that records nothing,
 // and says why: hang detection alone watches the process.
-func (s *session) startUnrecorded(why string) error {
+func (s *recording) startUnrecorded(why string) error {
 	s.header.Recorder = recorderNone
 	s.header.Unrecorded = why
 	output, err := expandOutputPath(s.flags.output, &s.header)
 	if err != nil {
 		return err
 	}
-	s.sink, err = sess.NewSink(output, &s.header)
+	s.sink, err = session.NewSink(output, &s.header)
 	return err
 }
 
 // finish writes the footer and closes the trace.
-func (s *session) finish(reason string, exit *int, signal string) (*events.Footer, error) {
+func (s *recording) finish(reason string, exit *int, signal string) (*events.Footer, error) {
 	foot := &events.Footer{Calls: map[string]uint64{}}
 	if s.tr != nil {
 		s.status.stop()
-		foot = sess.Footer(s.tr)
+		foot = session.Footer(s.tr)
 	}
 	foot.EndNS = proc.Now()
 	foot.ExitStatus, foot.ExitSignal = exit, signal
@@ -371,9 +372,9 @@ func parseRingSize(v string) (int, error) {
 	return size * unit, nil
 }
 
-// report prints the analysis of what the session traced on w: stdout
+// report prints the analysis of what the recording traced on w: stdout
 // for attach, stderr for run (whose stdout is the target's).
-func (s *session) report(foot *events.Footer, w io.Writer) error {
+func (s *recording) report(foot *events.Footer, w io.Writer) error {
 	an := s.sink.Analyzer()
 	an.Add(&events.Record{Kind: events.RecFooter, Footer: foot})
 	expand := func(p string) (string, error) { return expandOutputPath(p, &s.header) }

@@ -1,12 +1,12 @@
 //go:build linux && amd64
 
-package source
+package probesite
 
 import (
 	"path/filepath"
 	"strings"
 
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 // AllocRange is where an allocator's code lies in its object, as file

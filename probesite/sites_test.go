@@ -1,12 +1,12 @@
 //go:build linux && amd64
 
-package source
+package probesite
 
 import (
 	"slices"
 	"testing"
 
-	"github.com/hooktrace/hooktrace/tracer/symbolize"
+	"github.com/hooktrace/hooktrace/symbolize"
 )
 
 // The loader's list as glibc 2.36's ld.so prints it: a relative RUNPATH's
