@@ -59,6 +59,7 @@ type Analyzer struct {
 	reentries   map[reentryKey]*reentrySighting
 	reentryList []*reentrySighting
 	nestings    map[int]*nestSighting
+	unlessRules bool // a rule stands in for another (Rule.Unless)
 	nestList    []*nestSighting
 
 	// Locks held around an allocator call that can run a hook taking them.
@@ -185,6 +186,7 @@ func (a *Analyzer) addRule(r Rule) {
 	}
 	a.ruleIndex[r] = len(a.rules)
 	a.rules = append(a.rules, r)
+	a.unlessRules = a.unlessRules || r.Unless != ""
 }
 
 func (a *Analyzer) lockName(n events.LockName) {

@@ -191,20 +191,28 @@ func (a *Analyzer) reentryFindings() []Finding {
 func (a *Analyzer) nestingFindings() []Finding {
 	out := make([]Finding, 0, len(a.nestList))
 	for _, s := range a.nestList {
+		where, count := s.where, s.count
+		if s.rule.Unless != "" {
+			where, count = a.withoutUnless(s.where, s.rule.Unless)
+			if count == 0 {
+				continue
+			}
+		}
+		outer, inner := s.rule.OuterText(), s.rule.InnerText()
 		e := Edge{
-			From:       s.rule.Outer,
-			To:         s.rule.Inner,
+			From:       outer,
+			To:         inner,
 			Thread:     s.tid,
 			ThreadName: s.stream.threadName(s.tid),
 			PID:        s.pid,
 			Source:     s.stream.source,
-			Context:    s.rule.Inner + " entered while " + s.rule.Outer + " is active on this thread",
+			Context:    inner + " entered while " + outer + " is active on this thread",
 		}
 		e.Stack, e.StackTruncated = framesOf(s.stack)
 		if s.outerStack != nil {
 			e.HeldStack, e.HeldStackTruncated = framesOf(s.outerStack)
 		}
-		detail := "The rule " + s.rule.String() + " says " + s.rule.Inner + " must never run while " + s.rule.Outer +
+		detail := "The rule " + s.rule.String() + " says " + inner + " must never run while " + outer +
 			" is on the same thread's stack."
 		if s.rule.Why != "" {
 			detail += " Why: " + strings.TrimSuffix(s.rule.Why, ".") + "."
@@ -212,18 +220,46 @@ func (a *Analyzer) nestingFindings() []Finding {
 		if s.inAlloc {
 			detail += " It ran inside an allocator call."
 		}
+		if s.rule.Unless != "" {
+			detail += " It stands in for the rules on " + s.rule.Unless + ", which this program does not have (an optimised build inlines it)."
+		}
 		out = append(out, Finding{
-			ID:          findingID(KindForbiddenNesting, s.rule.Outer, s.rule.Inner),
+			ID:          findingID(KindForbiddenNesting, outer, inner),
 			Kind:        KindForbiddenNesting,
 			Severity:    SeverityError,
-			Title:       "forbidden nesting: " + s.rule.Inner + " ran inside " + s.rule.Outer,
+			Title:       "forbidden nesting: " + inner + " ran inside " + outer,
 			Detail:      detail,
 			Locks:       []string{},
 			Edges:       []Edge{e},
-			Threads:     s.where.threads(),
-			Occurrences: s.count,
-			Seen:        s.where.list(),
+			Threads:     where.threads(),
+			Occurrences: count,
+			Seen:        where.list(),
 		})
 	}
 	return out
+}
+
+// withoutUnless drops from where the processes that entered the function
+// unless names: there the rules on it apply, and this one stands aside.
+func (a *Analyzer) withoutUnless(where seenCounts, unless string) (seenCounts, uint64) {
+	kept, n := seenCounts{}, uint64(0)
+	for k, c := range where {
+		if a.procEntered(k.s, k.pid, unless) {
+			continue
+		}
+		kept[k] = c
+		n += c
+	}
+	return kept, n
+}
+
+// procEntered reports whether process pid of stream s entered a probed
+// function named fn.
+func (a *Analyzer) procEntered(s *stream, pid uint32, fn string) bool {
+	for k := range s.entered {
+		if k.pid == pid && a.matches(fn, s.probeName(k.probe)) {
+			return true
+		}
+	}
+	return false
 }

@@ -147,3 +147,63 @@ func TestSeenCyclesAndHooksPerRank(t *testing.T) {
 		t.Errorf("%d inversions", inversions)
 	}
 }
+
+// probeWith enters probe index with first argument arg0.
+func probeWith(b *tracebuild.Trace, tid uint32, index, arg0 uint64, frames ...string) {
+	b.Event(events.Event{TID: tid, Op: events.OpProbeEnter, Arg: index, Addr: arg0}, frames...)
+}
+
+// TestRuleOnArgumentStandsIn: "internal_fn > progress if arg0 == 1 unless
+// burst_user" counts progress only with its argument 1, and only in a
+// process that never entered burst_user, where the rule on burst_user
+// reports instead: an opt build (no burst_user) and a debug build of the
+// same program each give one finding, never two.
+func TestRuleOnArgumentStandsIn(t *testing.T) {
+	h := func() *events.Header {
+		return &events.Header{UserProbes: []string{"internal_fn", "?progress", "?burst_user"},
+			Forbid: []string{"internal_fn > burst_user # spec", "internal_fn > progress if arg0 == 1 unless burst_user # spec"}}
+	}
+	// The opt build: burst_user inlined into progress.
+	opt := tracebuild.New(100, h()).Thread(100, "opt")
+	for range 3 {
+		opt.Probe(100, events.OpProbeEnter, 0, "internal_fn", "main")
+		probeWith(opt, 100, 1, 0, "progress", "internal_fn", "main") // internal progress: allowed
+		opt.Probe(100, events.OpProbeExit, 1)
+		opt.Probe(100, events.OpProbeExit, 0)
+	}
+	opt.Probe(100, events.OpProbeEnter, 0, "internal_fn", "main")
+	probeWith(opt, 100, 1, 1, "progress", "wait", "internal_fn", "main") // user progress: broken
+	opt.Probe(100, events.OpProbeExit, 1)
+	opt.Probe(100, events.OpProbeExit, 0)
+	// The debug build: progress(user) enters burst_user.
+	dbg := tracebuild.New(200, h()).Thread(200, "debug")
+	for range 2 {
+		dbg.Probe(200, events.OpProbeEnter, 0, "internal_fn", "main")
+		probeWith(dbg, 200, 1, 1, "progress", "wait", "internal_fn", "main")
+		dbg.Probe(200, events.OpProbeEnter, 2, "burst_user", "progress", "wait", "internal_fn", "main")
+		dbg.Probe(200, events.OpProbeExit, 2)
+		dbg.Probe(200, events.OpProbeExit, 1)
+		dbg.Probe(200, events.OpProbeExit, 0)
+	}
+	// The debug trace first: its process is finished when the result is built.
+	fs := ofKind(analyze(Options{}, dbg, opt), KindForbiddenNesting)
+	if len(fs) != 2 {
+		t.Fatalf("want 2 forbidden nestings, got %d: %v", len(fs), fs)
+	}
+	byTitle := map[string]Finding{}
+	for _, f := range fs {
+		byTitle[f.Title] = f
+	}
+	f, ok := byTitle["forbidden nesting: burst_user ran inside internal_fn"]
+	if !ok || f.Occurrences != 2 || len(f.Seen) != 1 || f.Seen[0].PID != 200 {
+		t.Errorf("burst_user rule: %+v", f)
+	}
+	f, ok = byTitle["forbidden nesting: progress if arg0 == 1 ran inside internal_fn"]
+	if !ok || f.Occurrences != 1 || len(f.Seen) != 1 || f.Seen[0].PID != 100 || f.Seen[0].Count != 1 ||
+		!strings.Contains(f.Detail, "stands in for the rules on burst_user") {
+		t.Errorf("fallback rule: %+v", f)
+	}
+	if len(f.Edges) != 1 || len(f.Edges[0].Stack) < 2 || f.Edges[0].Stack[1].Function != "wait" {
+		t.Errorf("fallback rule's stack: %+v", f.Edges)
+	}
+}

@@ -95,6 +95,7 @@ type thread struct {
 type activeProbe struct {
 	index   uint64
 	name    string
+	arg0    uint64 // the function's first integer argument (Rule.OuterArg0)
 	stack   uint32
 	inAlloc bool
 	allocOp events.Op
@@ -286,7 +287,10 @@ func (a *Analyzer) retake(t *thread, i int, q acquisition) {
 // probeEnter pushes a user-probed function and checks nesting rules.
 func (a *Analyzer) probeEnter(t *thread, e *events.Event, inAlloc bool) {
 	name := t.stream.probeName(e.Arg)
-	p := activeProbe{index: e.Arg, name: name, stack: e.Stack, inAlloc: inAlloc}
+	p := activeProbe{index: e.Arg, name: name, arg0: e.Addr, stack: e.Stack, inAlloc: inAlloc}
+	if a.unlessRules {
+		t.stream.enteredProbe(t.pid, e.Arg)
+	}
 	if inAlloc {
 		p.allocOp = t.enclosingAllocOp(e)
 		t.probesInAlloc++

@@ -33,8 +33,12 @@ type stream struct {
 	stacks    map[uint32]*events.Stack
 	lockNames map[lockKey]string
 	procs     map[uint32]*proc
-	threads   map[uint32]*thread
-	last      *thread // the thread of the previous event: events come in runs
+	// entered: the probed functions (by Header.UserProbes index) each
+	// process entered, kept when a rule stands in for another
+	// (Rule.Unless); it outlives finish, as findings are built later.
+	entered map[procProbe]bool
+	threads map[uint32]*thread
+	last    *thread // the thread of the previous event: events come in runs
 
 	threadNames map[uint32]string
 	probeNames  []string
@@ -79,6 +83,19 @@ func (s *stream) setAllocator(name string) {
 	} else {
 		s.allocatorLock = name + " allocator"
 	}
+}
+
+type procProbe struct {
+	pid   uint32
+	probe uint64
+}
+
+// enteredProbe notes that process pid entered probed function probe.
+func (s *stream) enteredProbe(pid uint32, probe uint64) {
+	if s.entered == nil {
+		s.entered = map[procProbe]bool{}
+	}
+	s.entered[procProbe{pid, probe}] = true
 }
 
 // finish drops the stream-local lookup tables, and the header's probe

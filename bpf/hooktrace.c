@@ -1410,6 +1410,10 @@ int uprobe_hook(struct pt_regs *ctx)
 		struct event ev, *e = &ev;
 		event_init(e, op, id);
 		e->arg = COOKIE_USER(cookie);
+		/* The first integer argument: a rule may count the function only
+		 * with one value ("NAME if arg0 == V"). User probes sit at the
+		 * entry, where rdi still holds it. */
+		e->addr = PT_REGS_PARM1(ctx);
 		alloc_context(e, st, ret_slot);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;

@@ -299,6 +299,7 @@ func (k MutexKind) String() string {
 //	exec:          PID keeps its number; everything before belongs to the
 //	               old image.
 //	probe_*:       Arg = index into Header.UserProbes.
+//	probe_enter:   Addr = the function's first integer argument (rdi).
 //
 // FlagInAlloc events carry the enclosing allocator call in Addr2: its op in
 // the low 16 bits, and above them a number the thread's outermost allocator

@@ -215,7 +215,7 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			found = true
 		}
 		if !found && optional {
-			warn(fmt.Sprintf("%s%s is not a function of %s: the rules on it are not checked", MissingRulePrefix, name, objs[0]))
+			warn(fmt.Sprintf("%s%s is not a function of %s", MissingRulePrefix, name, objs[0]))
 			continue
 		}
 		if !found {

@@ -3,8 +3,11 @@ package rules
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/hooktrace/hooktrace/analyzer"
 )
 
 func TestUPCXXPack(t *testing.T) {
@@ -13,12 +16,17 @@ func TestUPCXXPack(t *testing.T) {
 		t.Fatal(err)
 	}
 	const user = "upcxx::detail::persona_tls::burst_user"
-	var internal, restricted int
+	const userProgress = "upcxx::progress if arg0 == 1"
+	var internal, restricted, fallbacks int
 	for _, r := range p.Rules {
 		if !strings.Contains(r.Why, "spec 2020.10.0 §") {
 			t.Errorf("%s cites no section of the specification: %q", r, r.Why)
 		}
 		switch {
+		case r.Unless == user && (r.InnerText() == userProgress || r.OuterText() == userProgress):
+			fallbacks++
+		case r.Unless != "":
+			t.Errorf("%s stands in for %s", r, r.Unless)
 		case r.Inner == user:
 			internal++
 		case r.Outer == user:
@@ -27,14 +35,14 @@ func TestUPCXXPack(t *testing.T) {
 			t.Errorf("%s: neither side is user-level progress", r)
 		}
 	}
-	if internal < 20 || restricted < 4 {
-		t.Errorf("%d progress-level rules and %d restricted-context rules", internal, restricted)
+	if internal < 20 || restricted < 4 || fallbacks != internal+restricted {
+		t.Errorf("%d progress-level rules, %d restricted-context rules, %d standing in for them on opt builds", internal, restricted, fallbacks)
 	}
 	if !strings.Contains(p.Missing[user], "opt") {
 		t.Errorf("no explanation for an opt build: %q", p.Missing[user])
 	}
-	if got := p.Inners(); got[0] != user {
-		t.Errorf("inners %v", got)
+	if got := p.Probed(); got[0] != user || !slices.Contains(got, "upcxx::progress") {
+		t.Errorf("probed %v", got)
 	}
 }
 
@@ -61,5 +69,37 @@ func TestRulesFile(t *testing.T) {
 	}
 	if _, err := Load("no-such-pack"); err == nil || !strings.Contains(err.Error(), "upcxx") {
 		t.Errorf("unknown pack: %v", err)
+	}
+}
+
+// TestFallback: a fallback line gives each rule on its function a twin on
+// the other, with its condition, standing in; the twin reads back as
+// written.
+func TestFallback(t *testing.T) {
+	p, err := Parse("mine", "a > f  # one\nf > b  # two\nfallback f = g(int) if arg0 == 0x10  # inlined\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range p.Rules {
+		got = append(got, r.Spec())
+	}
+	want := []string{"a>f # one", "f>b # two", "a>g(int) if arg0 == 16 unless f # one", "g(int) if arg0 == 16>b unless f # two"}
+	if !slices.Equal(got, want) {
+		t.Errorf("rules %q, want %q", got, want)
+	}
+	for _, r := range p.Rules {
+		back, err := analyzer.ParseRule(r.Spec())
+		if err != nil || back != r {
+			t.Errorf("%q reads back as %+v (%v), want %+v", r.Spec(), back, err, r)
+		}
+	}
+	if got := p.Probed(); !slices.Equal(got, []string{"f", "b", "g(int)"}) {
+		t.Errorf("probed %q", got)
+	}
+	for _, bad := range []string{"fallback f\n", "fallback zz = g\n", "fallback f = g if arg1 == 2\n"} {
+		if _, err := Parse("bad", "a > f\n"+bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }

@@ -81,7 +81,7 @@ func (f *traceFlags) userProbes() ([]string, error) {
 		return nil, err
 	}
 	for _, r := range rules {
-		for _, p := range []string{r.Outer, r.Inner} {
+		for _, p := range append([]string{r.Outer}, r.Probed()...) {
 			if !have[p] {
 				have[p] = true
 				out = append(out, p)
@@ -93,7 +93,7 @@ func (f *traceFlags) userProbes() ([]string, error) {
 		return nil, err
 	}
 	for _, pk := range f.packs {
-		for _, p := range pk.Inners() {
+		for _, p := range pk.Probed() {
 			if !have[p] {
 				have[p] = true
 				out = append(out, probesite.OptionalProbe+p)
@@ -129,7 +129,7 @@ func (f *traceFlags) warn(msg string) {
 				}
 			}
 		}
-		slog.Debug(msg)
+		slog.Debug(msg + ": the rules on it are not checked")
 		return
 	}
 	slog.Warn(msg)

@@ -315,18 +315,50 @@ func TestUPCXXRulesPack(t *testing.T) {
 			}
 		})
 	}
-	// An opt build inlines user-level progress: the pack says it cannot
-	// check it, and why, and the program runs as it does untraced.
+	// An opt build inlines user-level progress (burst_user) into
+	// upcxx::progress: the pack says so and checks upcxx::progress
+	// entered with progress_level::user instead. A rule on that call
+	// catches the 572 shape in the opt build under both recorders, with
+	// the stack a user reads, and the fixed twin, which makes
+	// internal-level progress (level 0) with the same function, is quiet.
 	t.Run("opt", func(t *testing.T) {
 		prog := upcxxBuild(t, prefix, filepath.Join(testenv.RepoRoot(t), "testdata", "upcxx", "progress572.cpp"), "opt", "smp", "")
-		report := filepath.Join(t.TempDir(), "report.json")
-		out, stderr, code := upcxxRun(t, prefix, nil, hooktraceBin, "run", "--recorder", "preload", "--follow-forks",
-			"--fail-on", "none", "--rules", "upcxx", "--report", "json:"+report, "--", prog)
-		if code != 0 || !strings.Contains(out, "rpcs 4, early 4") {
-			t.Fatalf("exit %d, stdout %q\n%s", code, out, stderr)
-		}
-		if !strings.Contains(stderr, notProbed) || !strings.Contains(stderr, "opt codemode inlines") {
-			t.Errorf("stderr does not say the progress-level rules are not checked, and why:\n%s", stderr)
+		for _, rec := range []string{"preload", "ebpf"} {
+			for _, fixed := range []bool{false, true} {
+				report := filepath.Join(t.TempDir(), "report.json")
+				argv := []string{hooktraceBin, "run", "--recorder", rec, "--follow-forks", "--fail-on", "none", "--rules", "upcxx",
+					"--forbid", "verify_segment > upcxx::progress if arg0 == 1", "--report", "json:" + report, "--", prog}
+				want := "rpcs 4, early 4"
+				if fixed {
+					argv, want = append(argv, "fixed"), "rpcs 4, early 0"
+				}
+				out, stderr, code := upcxxRun(t, prefix, nil, argv...)
+				if code != 0 || !strings.Contains(out, want) {
+					t.Fatalf("%s fixed=%v: exit %d, stdout %q, want %q\n%s", rec, fixed, code, out, want, stderr)
+				}
+				if !strings.Contains(stderr, notProbed) || !strings.Contains(stderr, "opt codemode inlines") ||
+					!strings.Contains(stderr, "checked on upcxx::progress entered with progress_level::user instead") {
+					t.Errorf("%s: stderr does not say how the progress-level rules are checked, and why:\n%s", rec, stderr)
+				}
+				b, err := os.ReadFile(report)
+				if err != nil {
+					t.Fatal(err)
+				}
+				nest := nestingsOf(upcxxFindings(t, string(b)))
+				if fixed {
+					if len(nest) != 0 {
+						t.Errorf("%s fixed: internal-level progress reported: %v", rec, nest)
+					}
+					continue
+				}
+				if len(nest) != 1 || nest[0].Title != "forbidden nesting: upcxx::progress if arg0 == 1 ran inside verify_segment" {
+					t.Fatalf("%s: want user-level progress inside verify_segment, got %v\n%s", rec, nest, stderr)
+				}
+				if f := nest[0]; !stackMatches(f.finding, 0, "upcxx::progress", "verify_segment") ||
+					len(f.Seen) != 1 || f.Seen[0].Count != f.Occurrences {
+					t.Errorf("%s: stack or processes:\n%v\n%+v", rec, f.finding, f.Seen)
+				}
+			}
 		}
 	})
 	t.Run("seeded", func(t *testing.T) {

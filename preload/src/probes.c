@@ -27,6 +27,9 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 	struct event e;
 	event_init(&e, t, OP_PROBE_ENTER);
 	e.arg = pr->index;
+	/* The first integer argument, for rules on it ("NAME if arg0 == V"):
+	 * the breakpoint is at the entry, where rdi still holds it. */
+	e.addr = (__u64)uc->uc_mcontext.gregs[REG_RDI];
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
 	alloc_context(t, &e);
