@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -22,8 +21,7 @@ import (
 func TestShmLayout(t *testing.T) {
 	testenv.Tool(t, "apt-get install -y gcc", "gcc")
 	out := filepath.Join(t.TempDir(), "shm_layout.go")
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if b, err := exec.Command(goTool, "run", "./internal/shmlayout", "-o", out).CombinedOutput(); err != nil {
+	if b, err := exec.Command("go", "run", "./internal/shmlayout", "-o", out).CombinedOutput(); err != nil {
 		t.Fatalf("shmlayout: %v\n%s", err, b)
 	}
 	want, err := os.ReadFile(out)

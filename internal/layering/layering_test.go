@@ -4,8 +4,6 @@ package layering
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -16,7 +14,7 @@ const module = "github.com/hooktrace/hooktrace/"
 // platform that traces) with the module's packages it imports.
 func imports(t *testing.T) map[string][]string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"...")
+	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"...")
 	cmd.Env = append(cmd.Environ(), "GOOS=linux", "GOARCH=amd64")
 	out, err := cmd.Output()
 	if err != nil {
