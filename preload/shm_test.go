@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hooktrace/hooktrace/internal/abi"
 	"github.com/hooktrace/hooktrace/internal/testenv"
 	"github.com/hooktrace/hooktrace/probesite"
 	"github.com/hooktrace/hooktrace/source"
@@ -59,6 +60,7 @@ func TestShmLayout(t *testing.T) {
 		{"len", shmProbeLenSize, 1},
 		{"disp_at", shmProbeDispAtSize, 1},
 		{"header", shmHeaderBytes, shmOffProbes + shmProbes*shmProbeBytes},
+		{"a counter slot's ops (at least OP_COUNT)", max(shmSlotOps, int(abi.OpCount)), shmSlotOps},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %d bytes, Go writes %d", c.name, c.got, c.want)
