@@ -19,7 +19,7 @@ generate:
 
 # The committed objects must be what the committed C produces.
 check-generated: generate
-	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o internal/abi/layout_x86_bpfel.go internal/abi/layout_x86_bpfel.o bench/floor_x86_bpfel.go bench/floor_x86_bpfel.o preload/libhooktrace_preload.so preload/libhooktrace_inject.so
+	git diff --exit-code -- tracer/hooktrace_x86_bpfel.go tracer/hooktrace_x86_bpfel.o internal/abi/layout_x86_bpfel.go internal/abi/layout_x86_bpfel.o bench/floor_x86_bpfel.go bench/floor_x86_bpfel.o preload/libhooktrace_preload.so preload/libhooktrace_inject.so preload/shm_layout.go
 
 # staticcheck, pinned; go run fetches it through the module proxy once.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/abi"
 	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/symbolize"
 	"github.com/hooktrace/hooktrace/unwind"
@@ -198,8 +199,8 @@ const (
 
 // MutexOwnerOffset is where x86-64 glibc keeps a pthread_mutex_t's owner
 // TID (__data.__owner): the BPF side's GLIBC_MUTEX_OWNER_OFFSET in the
-// C/Go contract header, which the tracer's tests check this against.
-const MutexOwnerOffset = 8
+// C/Go contract header, generated into package abi.
+const MutexOwnerOffset = int(abi.GlibcMutexOwnerOffset)
 
 // waitSample is one thread seen blocked in a futex wait.
 type waitSample struct {

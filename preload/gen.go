@@ -12,6 +12,7 @@ package preload
 import _ "embed"
 
 //go:generate sh build.sh
+//go:generate go run ./internal/shmlayout -o shm_layout.go
 
 // Shim is the built library.
 //

@@ -14,17 +14,10 @@ import (
 	"github.com/hooktrace/hooktrace/probesite"
 )
 
-// The shim's probe table (src/shm.h): --probe and --forbid
-// functions, which the shim breaks on in the process (int3 and a SIGTRAP
-// handler) and resumes at a displaced copy of their first instruction.
-const (
-	shmOffNProbes = 260
-	shmOffProbes  = shmOffSlots + shmSlots*shmSlotOps*8
-	shmProbes     = 64
-	shmProbeBytes = 128
-)
-
-// writeProbes fills the probe table with the user's functions: where each
+// writeProbes fills the shim's probe table (src/shm.h's struct shm_probe
+// at shmOffProbes: --probe and --forbid functions, which the shim breaks on
+// in the process with int3 and a SIGTRAP handler and resumes at a displaced
+// copy of their first instruction) with the user's functions: where each
 // is (object and address) and its first instruction. An instruction that
 // would not do the same at another address (relative to the instruction
 // pointer, or a transfer of control) is refused with the reason.
@@ -51,18 +44,18 @@ func (p *Preload) writeProbes(plan []probesite.Site, exe string) error {
 		// The executable is the object without a name in the loader's
 		// list; a library is found by its file name.
 		if s.Object != exeCanon {
-			copy(e[:79], filepath.Base(s.Object))
+			copy(e[shmProbeObject:shmProbeObject+shmProbeObjectSize-1], filepath.Base(s.Object))
 		}
-		binary.LittleEndian.PutUint64(e[80:], s.Sym.Value)
-		binary.LittleEndian.PutUint32(e[88:], uint32(s.UserIdx))
-		e[92] = byte(inst.Len)
-		e[93] = byte(dispAt)
-		copy(e[96:112], s.Code[:inst.Len])
+		binary.LittleEndian.PutUint64(e[shmProbeVaddr:], s.Sym.Value)
+		binary.LittleEndian.PutUint32(e[shmProbeIndex:], uint32(s.UserIdx))
+		e[shmProbeLen] = byte(inst.Len)
+		e[shmProbeDispAt] = byte(dispAt)
+		copy(e[shmProbeInsn:shmProbeInsn+shmProbeInsnSize], s.Code[:inst.Len])
 		n++
 		sites = append(sites, events.ProbeSite{Name: s.Sym.Mangled, Object: s.Object, Address: s.Sym.Value,
 			Kind: "breakpoint", Note: "--probe " + p.opts.UserProbes[s.UserIdx]})
 	}
-	binary.LittleEndian.PutUint32(p.mem[shmOffNProbes:], uint32(n))
+	binary.LittleEndian.PutUint32(p.mem[shmOffNprobes:], uint32(n))
 	p.imagesMu.Lock()
 	p.breakpoints = sites
 	p.imagesMu.Unlock()

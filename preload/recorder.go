@@ -28,37 +28,8 @@ import (
 	"github.com/hooktrace/hooktrace/symbolize"
 )
 
-// The shared-memory layout of src/shm.h (TestShmLayout checks these
-// against the header with the C compiler).
-const (
-	shmMagic      = 0x314d48534b4f4f48
-	shmVersion    = 1
-	shmEnv        = "HOOKTRACE_SHM_FD"
-	shmNameEnv    = "HOOKTRACE_SHM"
-	shmSlots      = 1024
-	shmSlotOps    = 64
-	shmOffMagic   = 0
-	shmOffVersion = 8
-	shmOffTraced  = 12
-	shmOffFlags   = 16
-	shmOffSize    = 24
-	shmOffData    = 32
-	shmOffID      = 40
-	shmOffHead    = 64
-	shmOffTail    = 128
-	shmOffLost    = 192
-	shmOffShared  = 512
-	shmOffSlots   = 1024
-	shmHeader     = shmOffProbes + shmProbes*shmProbeBytes
-	shmRecHdr     = 16
-	shmKindData   = 0
-	shmKindPad    = 1
-	shmFFull      = 1
-	shmFFollow    = 2
-	shmFSamples   = 4
-	shmFSyscalls  = 8
-	shmFDetached  = 16
-)
+// The shared-memory layout (shmMagic, shmOff*, ...) is src/shm.h's,
+// generated into shm_layout.go.
 
 // shimFD is the descriptor the target finds the shared memory at: the
 // gate's pipe is 3, the first extra file 4.
@@ -170,7 +141,7 @@ func New(opts source.Options) (*Preload, error) {
 		return nil, fmt.Errorf("creating the shared memory: %w", err)
 	}
 	p.memfd = os.NewFile(uintptr(fd), "hooktrace-ring")
-	total := shmHeader + size
+	total := shmHeaderBytes + size
 	if err := p.memfd.Truncate(int64(total)); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("sizing the shared memory: %w", err)
@@ -180,7 +151,7 @@ func New(opts source.Options) (*Preload, error) {
 		p.Close()
 		return nil, fmt.Errorf("mapping the shared memory: %w", err)
 	}
-	p.ring = p.mem[shmHeader:]
+	p.ring = p.mem[shmHeaderBytes:]
 	var flags uint32
 	if opts.Mode == source.ModeFull {
 		flags |= shmFFull
@@ -194,8 +165,8 @@ func New(opts source.Options) (*Preload, error) {
 	le := binary.LittleEndian
 	le.PutUint32(p.mem[shmOffVersion:], shmVersion)
 	le.PutUint32(p.mem[shmOffFlags:], flags)
-	le.PutUint64(p.mem[shmOffSize:], uint64(size))
-	le.PutUint64(p.mem[shmOffData:], shmHeader)
+	le.PutUint64(p.mem[shmOffDataSize:], uint64(size))
+	le.PutUint64(p.mem[shmOffData:], shmHeaderBytes)
 	var id [8]byte
 	for le.Uint64(id[:]) == 0 {
 		if _, err := rand.Read(id[:]); err != nil {
@@ -247,11 +218,11 @@ func (p *Preload) moveMemory(f *os.File) error {
 		return fmt.Errorf("mapping the shared memory: %w", err)
 	}
 	// The magic last, as New writes it.
-	copy(mem[8:shmHeader], p.mem[8:shmHeader])
+	copy(mem[8:shmHeaderBytes], p.mem[8:shmHeaderBytes])
 	atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[shmOffMagic])), shmMagic)
 	unix.Munmap(p.mem)
 	p.memfd.Close()
-	p.mem, p.ring, p.memfd = mem, mem[shmHeader:], f
+	p.mem, p.ring, p.memfd = mem, mem[shmHeaderBytes:], f
 	return nil
 }
 

@@ -138,7 +138,7 @@ func attachTraced(f *traceFlags, pid int, duration time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if err := s.report(foot, os.Stdout); err != nil || a.unpermitted == nil || s.hang != nil {
+	if err := s.report(foot, os.Stdout); err != nil || a.unpermitted == nil || s.deadlock != nil {
 		return err
 	}
 	// Watched for deadlocks only, and none was found: what was asked for,

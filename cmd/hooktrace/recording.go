@@ -137,13 +137,13 @@ func (f *traceFlags) warn(msg string) {
 
 // recording is one tracing run: the tracer, the trace file, the live status.
 type recording struct {
-	flags  *traceFlags
-	tr     recorder
-	header events.Header
-	sink   *session.Sink
-	status *statusLine
-	hang   *events.Hang // the deadlock hang detection found, if any
-	ranks  *jobRanks    // which process was which rank, for the footer
+	flags    *traceFlags
+	tr       recorder
+	header   events.Header
+	sink     *session.Sink
+	status   *statusLine
+	deadlock *events.Hang // what hang detection found, if any
+	ranks    *jobRanks    // which process was which rank, for the footer
 }
 
 func newRecording(f *traceFlags) (*recording, error) {
@@ -275,7 +275,7 @@ func (s *recording) finish(reason string, exit *int, signal string) (*events.Foo
 	foot.EndNS = proc.Now()
 	foot.ExitStatus, foot.ExitSignal = exit, signal
 	foot.Reason = reason
-	foot.Hang = s.hang
+	foot.Hang = s.deadlock
 	if s.ranks != nil {
 		foot.Ranks = s.ranks.ranks(s.header.PID)
 	}

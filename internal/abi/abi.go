@@ -58,3 +58,8 @@ const (
 	CookieLenBits      = hooktraceCookieLayoutCOOKIE_LEN_BITS
 	CookieLenUnitShift = hooktraceCookieLayoutCOOKIE_LEN_UNIT_SHIFT
 )
+
+// GlibcMutexOwnerOffset is where x86-64 glibc keeps a pthread_mutex_t's
+// owner TID (GLIBC_MUTEX_OWNER_OFFSET), which the probes and hang
+// detection both read.
+const GlibcMutexOwnerOffset = hooktraceGlibcLayoutGLIBC_MUTEX_OWNER_OFFSET

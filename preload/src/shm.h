@@ -1,7 +1,8 @@
 /* The shared-memory layout between the preloaded recorder (shim.c) and
- * hooktrace (../recorder.go, which mirrors these offsets; a test checks
- * them against this header). One memfd: a header page, per-thread call
- * counters, then a ring of records. */
+ * hooktrace (../shm_layout.go, generated from this header by
+ * ../internal/shmlayout: every SHM_ macro, enumerator and struct field).
+ * One memfd: a header page, per-thread call counters, then a ring of
+ * records. */
 #ifndef HOOKTRACE_SHM_H
 #define HOOKTRACE_SHM_H
 

@@ -105,7 +105,7 @@ func (h *hangWatch) stop() {
 // kill sends SIGKILL; detach leaves the target as it is. It returns the
 // footer's reason.
 func (s *recording) onHang(h *hangWatch, found *events.Hang) string {
-	s.hang = found
+	s.deadlock = found
 	fmt.Fprintf(os.Stderr, "hooktrace: deadlock in pid %d: %s\n", h.pid, hangSummary(found))
 	if h.action == "kill" {
 		fmt.Fprintf(os.Stderr, "hooktrace: killing pid %d (--on-hang=kill)\n", h.pid)
@@ -177,7 +177,7 @@ func (s *recording) waitTarget(pid int, wait func() error) (reason string, waitE
 // returned; nothing after --on-hang=detach, when the target runs on (and
 // ws is not to be read: the wait is still going on).
 func (s *recording) targetExit(ws *syscall.WaitStatus) (*int, string) {
-	if s.hang != nil && s.hang.Action == "detach" {
+	if s.deadlock != nil && s.deadlock.Action == "detach" {
 		return nil, ""
 	}
 	return exitStatus(*ws)
