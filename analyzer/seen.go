@@ -19,8 +19,9 @@ type Seen struct {
 	Threads []SeenThread `json:"threads"`
 	// Count is how many occurrences were seen in this process. A
 	// lock-order cycle counts in each process (and on each thread) as
-	// often as the most of any of its dependencies were seen there; 0 for
-	// a finding not counted per process (a live deadlock or hang).
+	// often as the most of any of its dependencies were seen there. A
+	// finding seen in several processes but not counted per process has
+	// 0.
 	Count uint64 `json:"count,omitempty"`
 }
 
@@ -176,6 +177,10 @@ func (a *Analyzer) fillSeen(fs []Finding) {
 		f := &fs[i]
 		if len(f.Seen) == 0 {
 			f.Seen = a.seenFromEdges(f)
+			if len(f.Seen) == 1 {
+				// One process (a live deadlock): all its occurrences.
+				f.Seen[0].Count = f.Occurrences
+			}
 		}
 		procs, sources := len(f.Seen), map[string]bool{}
 		ranks := 0
