@@ -102,11 +102,6 @@ static __always_inline int current_traced(__u64 *id)
 	return tracing_on && is_traced(*id >> 32);
 }
 
-/* Patterns a thread remembers itself (a power of two): a registration
- * cache's hot loop has a few dozen (each lock, and each allocator call site
- * under each lock). */
-#define PATTERN_CACHE 64
-
 /* Probe sites a thread remembers (a power of two): a hot loop hits a few
  * (its lock, its unlock, malloc, free). */
 #define SITE_CACHE 8

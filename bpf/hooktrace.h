@@ -14,6 +14,10 @@ enum limits {
 	SAMPLE_BYTES = 8192,
 	SCAN_SLOTS = 512, /* return-slot scan: 4 KiB of stack */
 	MAX_HELD = 8,     /* locks a thread's state tracks one by one */
+	/* Patterns a thread remembers itself (a power of two): a registration
+	 * cache's hot loop has a few dozen (each lock, and each allocator call
+	 * site under each lock). */
+	PATTERN_CACHE = 64,
 	FREE_PAGES = 4,   /* pages of a freed chunk checked for locks, one by one */
 	OBJECT_PATH = 256, /* bytes of a loaded library's path kept */
 };

@@ -115,12 +115,13 @@ type hooktraceLifeKey struct {
 type hooktraceLimits uint32
 
 const (
-	hooktraceLimitsMAX_FRAMES   hooktraceLimits = 48
-	hooktraceLimitsSAMPLE_BYTES hooktraceLimits = 8192
-	hooktraceLimitsSCAN_SLOTS   hooktraceLimits = 512
-	hooktraceLimitsMAX_HELD     hooktraceLimits = 8
-	hooktraceLimitsFREE_PAGES   hooktraceLimits = 4
-	hooktraceLimitsOBJECT_PATH  hooktraceLimits = 256
+	hooktraceLimitsMAX_FRAMES    hooktraceLimits = 48
+	hooktraceLimitsSAMPLE_BYTES  hooktraceLimits = 8192
+	hooktraceLimitsSCAN_SLOTS    hooktraceLimits = 512
+	hooktraceLimitsMAX_HELD      hooktraceLimits = 8
+	hooktraceLimitsPATTERN_CACHE hooktraceLimits = 64
+	hooktraceLimitsFREE_PAGES    hooktraceLimits = 4
+	hooktraceLimitsOBJECT_PATH   hooktraceLimits = 256
 )
 
 type hooktraceOp uint32

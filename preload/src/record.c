@@ -259,17 +259,17 @@ static void send_with_stack(struct tstate *t, struct event *e, __u64 fn, __u64 *
 }
 
 /* The lock's attributes the analyzer uses, as Event.Arg: a mutex's type
- * (__kind, offset 16 on x86-64 glibc), a rwlock's preference (__flags,
- * offset 48: PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP makes reads
- * queue behind writers). */
+ * (__kind), a rwlock's preference (__flags:
+ * PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP makes reads queue behind
+ * writers). */
 static __u32 mutex_kind(__u32 op, __u64 lock)
 {
 	if (!lock)
 		return 0;
 	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
-		return *(__u32 *)(lock + 16);
+		return *(__u32 *)(lock + GLIBC_MUTEX_KIND_OFFSET);
 	if (op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_CLOCKWRLOCK)
-		return *(__u32 *)(lock + 48);
+		return *(__u32 *)(lock + GLIBC_RWLOCK_FLAGS_OFFSET);
 	return 0;
 }
 
@@ -379,7 +379,7 @@ static void flush_held(struct tstate *t)
  * when the pattern is new. */
 HOT __u64 pattern_seen(struct tstate *t, __u64 key)
 {
-	__u32 c = key & (PATTERN_CACHE - 1);
+	__u32 c = key & (SHIM_PATTERN_CACHE - 1);
 	if (t->cache_key[c] == key)
 		return t->cache_stack[c];
 	for (__u32 i = 0; i < 8; i++) {
@@ -407,7 +407,7 @@ static void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
 			break;
 		}
 	}
-	__u32 c = key & (PATTERN_CACHE - 1);
+	__u32 c = key & (SHIM_PATTERN_CACHE - 1);
 	t->cache_key[c] = key;
 	t->cache_stack[c] = stack | (1ULL << 62);
 }
@@ -564,7 +564,7 @@ static int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
 	const volatile __u32 *w = (const volatile __u32 *)lock;
 	*holder = 0;
 	if (op == OP_SPIN_UNLOCK) /* a spinlock's word names no holder */
-		return *(const volatile __s32 *)lock <= 0;
+		return *(const volatile __s32 *)lock < GLIBC_SPIN_UNLOCKED;
 	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY) {
 		*holder = w[GLIBC_MUTEX_OWNER_OFFSET / 4];
 		return w[GLIBC_MUTEX_LOCK_OFFSET / 4] != 0;

@@ -46,19 +46,19 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 /* The hot path of every interposer: what a call that is only counted runs. */
 #define HOT static inline __attribute__((always_inline))
-#define MAX_HELD 8
 /* The injected build (HOOKTRACE_INJECT, inject.c) is loaded into a running
  * process by dlopen, where initial-exec TLS must fit in the static TLS
  * block's surplus (about 1.5 KiB with glibc's defaults): its per-thread
- * caches are smaller. */
+ * caches are smaller. The preloaded build's pattern cache is the BPF
+ * side's (hooktrace.h). */
 #ifdef HOOKTRACE_INJECT
-#define PATTERN_CACHE 16 /* a power of two */
+#define SHIM_PATTERN_CACHE (PATTERN_CACHE / 4)
 #define SHADOW_SLOTS 8
 #define VFORK_LEVELS 2
 #define INJECTED 1
 #else
 #define INJECTED 0
-#define PATTERN_CACHE 64 /* a power of two */
+#define SHIM_PATTERN_CACHE PATTERN_CACHE
 #define SHADOW_SLOTS 32
 #define VFORK_LEVELS 8
 #endif

@@ -96,8 +96,8 @@ struct tstate {
 	/* The patterns this thread last found, by key's low bits: a
 	 * registration cache's hot loop has a few dozen (each lock, and each
 	 * allocator call site under each lock). */
-	__u64 cache_key[PATTERN_CACHE];
-	__u64 cache_stack[PATTERN_CACHE];
+	__u64 cache_key[SHIM_PATTERN_CACHE];
+	__u64 cache_stack[SHIM_PATTERN_CACHE];
 	/* Return addresses of probed functions, swapped for the exit stub. */
 	__u32 nshadow;
 	struct shadow {
