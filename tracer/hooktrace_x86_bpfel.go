@@ -76,8 +76,13 @@ const (
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRLOCKED        hooktraceGlibcLayout = 2
 	hooktraceGlibcLayoutGLIBC_RWLOCK_READER_SHIFT    hooktraceGlibcLayout = 3
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRITER_OFFSET   hooktraceGlibcLayout = 24
+	hooktraceGlibcLayoutGLIBC_LOCK_WORDS             hooktraceGlibcLayout = 8
 	hooktraceGlibcLayoutGLIBC_SPIN_UNLOCKED          hooktraceGlibcLayout = 1
 	hooktraceGlibcLayoutGLIBC_MALLOC_ALIGNMENT       hooktraceGlibcLayout = 16
+	hooktraceGlibcLayoutGLIBC_CHUNK_HEADER           hooktraceGlibcLayout = 16
+	hooktraceGlibcLayoutGLIBC_CHUNK_SIZE_AT          hooktraceGlibcLayout = 8
+	hooktraceGlibcLayoutGLIBC_CHUNK_FLAGS            hooktraceGlibcLayout = 7
+	hooktraceGlibcLayoutGLIBC_CHUNK_IS_MMAPPED       hooktraceGlibcLayout = 2
 )
 
 type hooktraceInheritedLocks struct {

@@ -100,7 +100,7 @@ static size_t chunk_size(void *p)
 {
 	if (!p || !glibc_free)
 		return 0;
-	return (((__u64 *)p)[-1] & ~7ULL) - 8;
+	return glibc_chunk_freed(*(__u64 *)((char *)p - GLIBC_CHUNK_SIZE_AT));
 }
 
 /* glibc's free gives a chunk it mmapped back with munmap, by a call inside
@@ -116,12 +116,12 @@ static struct mapping mmapped_chunk(void *p)
 	struct mapping m = {0, 0};
 	if (!p || !glibc_free)
 		return m;
-	__u64 hdr = ((__u64 *)p)[-1];
-	if (likely(!(hdr & 2))) /* IS_MMAPPED */
+	__u64 size = *(__u64 *)((char *)p - GLIBC_CHUNK_SIZE_AT);
+	if (likely(!glibc_chunk_mmapped(size)))
 		return m;
-	__u64 prev = ((__u64 *)p)[-2];
-	m.addr = (__u64)p - 16 - prev;
-	m.len = prev + (hdr & ~7ULL);
+	__u64 chunk = (__u64)p - GLIBC_CHUNK_HEADER, prev = *(__u64 *)chunk;
+	m.addr = chunk - prev;
+	m.len = prev + glibc_chunk_bytes(size);
 	return m;
 }
 

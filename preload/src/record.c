@@ -561,18 +561,12 @@ static __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, _
  * or a spinlock, whose word is 1 when unlocked). */
 static int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
 {
-	const volatile __u32 *w = (const volatile __u32 *)lock;
 	*holder = 0;
 	if (op == OP_SPIN_UNLOCK) /* a spinlock's word names no holder */
-		return *(const volatile __s32 *)lock < GLIBC_SPIN_UNLOCKED;
-	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY) {
-		*holder = w[GLIBC_MUTEX_OWNER_OFFSET / 4];
-		return w[GLIBC_MUTEX_LOCK_OFFSET / 4] != 0;
-	}
-	__u32 readers = w[GLIBC_RWLOCK_READERS_OFFSET / 4];
-	if (readers & GLIBC_RWLOCK_WRLOCKED)
-		*holder = w[GLIBC_RWLOCK_WRITER_OFFSET / 4];
-	return (readers & GLIBC_RWLOCK_WRLOCKED) || (readers >> GLIBC_RWLOCK_READER_SHIFT);
+		return glibc_spin_held(*(const volatile __s32 *)lock);
+	__u32 w[GLIBC_LOCK_WORDS];
+	memcpy(w, (const void *)lock, sizeof(w));
+	return glibc_lock_held(op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY, w, holder);
 }
 
 /* A misuse: sent with its stack and the holder the lock's word names. */

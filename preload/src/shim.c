@@ -39,6 +39,7 @@
 
 #include <linux/types.h> /* __u32 and friends, as hooktrace.h uses them */
 #include "hooktrace.h"
+#include "glibc.h"
 #include "shm.h"
 
 #define EXPORT __attribute__((visibility("default")))

@@ -69,15 +69,6 @@ static __u32 closing_tid;
 #define H64(off) ((__u64 *)(shm + (off)))
 #define H32(off) ((__u32 *)(shm + (off)))
 
-struct held_lock {
-	__u64 addr;
-	__u64 stack;
-	__u64 time;
-	__u32 kind;
-	__u16 op;
-	__u16 sent;
-};
-
 struct tstate {
 	int guard;   /* inside the shim: forward unrecorded */
 	int inited;  /* shim_gen it was set up in, 0 for none (a fork starts again) */
