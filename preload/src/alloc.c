@@ -1,13 +1,7 @@
-/* Part of shim.c, which includes it: the allocator's interposers. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): the allocator's interposers. */
+#include "shim.h"
 
 /* ---- the allocator ------------------------------------------------------ */
-
-#define FRAME ((__u64 *)__builtin_frame_address(0))
-#define ENSURE(field)                   \
-	do {                            \
-		if (unlikely(!real.field)) \
-			resolve_real(); \
-	} while (0)
 
 /* An allocator interposer: record, then call inside the depth counter, so
  * that what the allocator does meanwhile (a hook it runs) is flagged. */

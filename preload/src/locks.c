@@ -1,4 +1,5 @@
-/* Part of shim.c, which includes it: the pthread mutex, rwlock, spinlock and condition interposers. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): the pthread mutex, rwlock, spinlock and condition interposers. */
+#include "shim.h"
 
 /* ---- locks -------------------------------------------------------------- */
 
