@@ -32,19 +32,15 @@ static void rec_unmap(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 
 	rec_mem(t, op, addr, size, arg, fn, frame);
 }
 
-/* errno is the caller's until the real call sets it. */
-#define MEMCALL(op, rec, fn, addr, size, arg)                                              \
-	struct tstate *t = enter_op(op);                                                   \
-	if (t) {                                                                           \
-		int saved = errno;                                                         \
-		rec(t, op, (__u64)(addr), (__u64)(size), (__u64)(arg), (__u64)(fn), FRAME); \
-		errno = saved;                                                             \
-		leave(t);                                                                  \
-	}
-
 static int wrap_madvise(void *a, size_t n, int advice)
 {
-	MEMCALL(OP_MADVISE, rec_mem, real.madvise, a, n, advice)
+	struct tstate *t = enter_op(OP_MADVISE);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_mem(t, OP_MADVISE, (__u64)a, n, (__u64)advice, (__u64)real.madvise, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.madvise(a, n, advice);
 }
 
@@ -54,13 +50,25 @@ static int wrap_munmap(void *a, size_t n)
 		lifetime_changed();
 		return real.munmap(a, n);
 	}
-	MEMCALL(OP_MUNMAP, rec_unmap, real.munmap, a, n, 0)
+	struct tstate *t = enter_op(OP_MUNMAP);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_unmap(t, OP_MUNMAP, (__u64)a, n, 0, (__u64)real.munmap, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.munmap(a, n);
 }
 
 static void *wrap_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off)
 {
-	MEMCALL(OP_MMAP, rec_mem, real.mmap, a, n, (__u64)(__u32)prot | ((__u64)(__u32)flags << 32))
+	struct tstate *t = enter_op(OP_MMAP);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_mem(t, OP_MMAP, (__u64)a, n, (__u64)(__u32)prot | ((__u64)(__u32)flags << 32), (__u64)real.mmap, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.mmap(a, n, prot, flags, fd, off);
 }
 
@@ -76,13 +84,25 @@ static void *wrap_mremap(void *a, size_t old, size_t n, int flags, ...)
 		lifetime_changed();
 		return real.mremap(a, old, n, flags, at);
 	}
-	MEMCALL(OP_MREMAP, rec_unmap, real.mremap, a, old, n)
+	struct tstate *t = enter_op(OP_MREMAP);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_unmap(t, OP_MREMAP, (__u64)a, old, n, (__u64)real.mremap, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.mremap(a, old, n, flags, at);
 }
 
 static int wrap_brk(void *a)
 {
-	MEMCALL(OP_BRK, rec_mem, real.brk, a, 0, 0)
+	struct tstate *t = enter_op(OP_BRK);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_mem(t, OP_BRK, (__u64)a, 0, 0, (__u64)real.brk, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.brk(a);
 }
 
