@@ -24,6 +24,9 @@ check-generated: generate
 # staticcheck, pinned; go run fetches it through the module proxy once.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
+SHIM_PARTS := $(filter-out preload/src/shim.c,$(wildcard preload/src/*.c))
+SHIM_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Ipreload/src -Ibpf
+
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
@@ -33,6 +36,10 @@ lint:
 	GOOS=darwin $(GO) build ./events ./analyzer ./reports
 	GOARCH=arm64 $(GO) build ./...
 	GOARCH=arm64 $(GO) vet ./...
+	# Each part of the preloaded library compiles alone through shim.h, in
+	# both builds (shim.c includes them all into one unit, for inlining).
+	for f in $(SHIM_PARTS); do for d in -UHOOKTRACE_INJECT -DHOOKTRACE_INJECT; do \
+		$(CC) -fsyntax-only $(SHIM_CFLAGS) $$d $$f || exit 1; done; done
 
 # UPC++ 2020.10.0, built once per machine into a cache outside the
 # repository for the tests that trace real UPC++ programs (about 13

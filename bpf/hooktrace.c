@@ -11,6 +11,7 @@
 #include <asm/unistd_64.h>
 #include <asm-generic/mman-common.h>
 #include "hooktrace.h"
+#include "glibc.h"
 #include "stackword.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -54,16 +55,6 @@ struct {
 	__type(value, __u8);
 } traced SEC(".maps");
 
-/* A lock the thread holds, as the probes saw it taken. */
-struct held_lock {
-	__u64 addr;
-	__u64 stack; /* hash of the stack it was taken with */
-	__u64 time;
-	__u32 kind;
-	__u16 op;
-	__u16 sent; /* its acquisition event was sent */
-};
-
 /* What a child of fork holds from its first instruction: the forking
  * thread's held locks (fork copies them locked), by the child's TID, from
  * sched_fork until the child's first probe hit takes them. */
@@ -101,11 +92,6 @@ static __always_inline int current_traced(__u64 *id)
 	*id = bpf_get_current_pid_tgid();
 	return tracing_on && is_traced(*id >> 32);
 }
-
-/* Patterns a thread remembers itself (a power of two): a registration
- * cache's hot loop has a few dozen (each lock, and each allocator call site
- * under each lock). */
-#define PATTERN_CACHE 64
 
 /* Probe sites a thread remembers (a power of two): a hot loop hits a few
  * (its lock, its unlock, malloc, free). */
@@ -312,14 +298,14 @@ static __always_inline void lock_page_add(__u32 pid, __u64 lock)
 static __always_inline int free_covers_lock(__u32 pid, __u64 p)
 {
 	__u64 sz = 0;
-	if (!p || p >> 12 > lock_page_top || bpf_probe_read_user(&sz, sizeof(sz), (void *)(p - 8)))
+	if (!p || p >> 12 > lock_page_top || bpf_probe_read_user(&sz, sizeof(sz), (void *)(p - GLIBC_CHUNK_SIZE_AT)))
 		return 0;
-	if (sz & 2) /* IS_MMAPPED */
+	if (glibc_chunk_mmapped(sz))
 		return 0;
-	sz &= ~7ULL;
-	if (sz < 16)
+	sz = glibc_chunk_bytes(sz);
+	if (sz < GLIBC_CHUNK_HEADER)
 		return 0;
-	__u64 first = p >> 12, last = (p + sz - 16) >> 12;
+	__u64 first = p >> 12, last = (p - GLIBC_CHUNK_HEADER + sz) >> 12;
 	if (last - first >= FREE_PAGES)
 		return 1;
 	for (__u32 i = 0; i < FREE_PAGES; i++) {
@@ -980,18 +966,11 @@ static __always_inline int is_rwlock(__u32 op)
  * calls only; spinlocks are not read. */
 static __always_inline int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
 {
-	__u32 w[8] = {};
+	__u32 w[GLIBC_LOCK_WORDS] = {};
 	*holder = 0;
 	if (bpf_probe_read_user(w, sizeof(w), (void *)lock))
 		return 0;
-	if (is_mutex(op)) {
-		*holder = w[GLIBC_MUTEX_OWNER_OFFSET / 4];
-		return w[GLIBC_MUTEX_LOCK_OFFSET / 4] != 0;
-	}
-	__u32 readers = w[GLIBC_RWLOCK_READERS_OFFSET / 4];
-	if (readers & GLIBC_RWLOCK_WRLOCKED)
-		*holder = w[GLIBC_RWLOCK_WRITER_OFFSET / 4];
-	return (readers & GLIBC_RWLOCK_WRLOCKED) || (readers >> GLIBC_RWLOCK_READER_SHIFT);
+	return glibc_lock_held(is_mutex(op), w, holder);
 }
 
 /* What the analysis needs to know of a lock's type, read from the lock: a
@@ -1224,7 +1203,7 @@ static __always_inline __u32 alias_op(struct thread_state *st, __u64 lock, __u32
 		return alias;
 	__s32 word = GLIBC_SPIN_UNLOCKED;
 	bpf_probe_read_user(&word, sizeof(word), (void *)lock);
-	if (word <= 0)
+	if (glibc_spin_held(word))
 		*flags = F_BUSY;
 	return alias;
 }
@@ -1381,10 +1360,9 @@ int uprobe_hook(struct pt_regs *ctx)
 		case OP_FREE:
 			e->addr = a0;
 			if (a0) {
-				/* glibc's chunk header: the size, low bits flags. */
 				__u64 sz = 0;
-				if (!bpf_probe_read_user(&sz, sizeof(sz), (void *)(a0 - 8)))
-					e->size = (sz & ~7ULL) - 8;
+				if (!bpf_probe_read_user(&sz, sizeof(sz), (void *)(a0 - GLIBC_CHUNK_SIZE_AT)))
+					e->size = glibc_chunk_freed(sz);
 			}
 			break;
 		case OP_POSIX_MEMALIGN:

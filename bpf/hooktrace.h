@@ -5,7 +5,7 @@
  * of implicit padding: Go reads these bytes as they are.
  *
  * The probes are x86-64 only: they read pt_regs and syscall numbers of
- * that ABI and glibc's x86-64 structure layouts. */
+ * that ABI and glibc's x86-64 structure layouts (glibc.h). */
 #ifndef HOOKTRACE_H
 #define HOOKTRACE_H
 
@@ -14,6 +14,10 @@ enum limits {
 	SAMPLE_BYTES = 8192,
 	SCAN_SLOTS = 512, /* return-slot scan: 4 KiB of stack */
 	MAX_HELD = 8,     /* locks a thread's state tracks one by one */
+	/* Patterns a thread remembers itself (a power of two): a registration
+	 * cache's hot loop has a few dozen (each lock, and each allocator call
+	 * site under each lock). */
+	PATTERN_CACHE = 64,
 	FREE_PAGES = 4,   /* pages of a freed chunk checked for locks, one by one */
 	OBJECT_PATH = 256, /* bytes of a loaded library's path kept */
 };
@@ -134,25 +138,15 @@ enum cookie_layout {
 #define COOKIE_RANGE_BACK(c) COOKIE_FIELD(c, COOKIE_BACK)
 #define COOKIE_RANGE_LEN(c) (COOKIE_FIELD(c, COOKIE_LEN) << COOKIE_LEN_UNIT_SHIFT)
 
-/* x86-64 glibc's structure layouts the probes read. */
-enum glibc_layout {
-	GLIBC_MUTEX_LOCK_OFFSET = 0, /* pthread_mutex_t.__data.__lock: 0 when unlocked */
-	GLIBC_MUTEX_OWNER_OFFSET = 8, /* pthread_mutex_t.__data.__owner (hang detection) */
-	GLIBC_MUTEX_KIND_OFFSET = 16, /* pthread_mutex_t.__data.__kind */
-	GLIBC_RWLOCK_FLAGS_OFFSET = 48, /* pthread_rwlock_t.__data.__flags: the preference */
-	GLIBC_RWLOCKATTR_KIND_OFFSET = 0, /* pthread_rwlockattr_t's lockkind */
-	/* pthread_rwlock_t.__data.__readers: bit 1 while a writer holds the
-	 * lock, the readers that hold it from bit 3 (bit 0, the write phase,
-	 * stays after a writer leaves). */
-	GLIBC_RWLOCK_READERS_OFFSET = 0,
-	GLIBC_RWLOCK_WRLOCKED = 2,
-	GLIBC_RWLOCK_READER_SHIFT = 3,
-	GLIBC_RWLOCK_WRITER_OFFSET = 24, /* pthread_rwlock_t.__data.__cur_writer: the writer's TID */
-	/* pthread_spinlock_t: pthread_spin_init and pthread_spin_unlock (one
-	 * function) store 1, unlocked; pthread_spin_lock's `lock decl` takes
-	 * it to 0, and each thread that then tries it takes it lower. */
-	GLIBC_SPIN_UNLOCKED = 1,
-	GLIBC_MALLOC_ALIGNMENT = 16, /* what malloc aligns to: memalign asks it for less */
+/* A lock a thread holds, as a recorder saw it taken: the BPF side's
+ * thread_state and the shim's thread state keep the same entries. */
+struct held_lock {
+	__u64 addr;
+	__u64 stack; /* hash of the stack it was taken with */
+	__u64 time;
+	__u32 kind;
+	__u16 op;
+	__u16 sent; /* its acquisition event was sent */
 };
 
 struct event {

@@ -70,19 +70,25 @@ const (
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRLOCKED        hooktraceGlibcLayout = 2
 	hooktraceGlibcLayoutGLIBC_RWLOCK_READER_SHIFT    hooktraceGlibcLayout = 3
 	hooktraceGlibcLayoutGLIBC_RWLOCK_WRITER_OFFSET   hooktraceGlibcLayout = 24
+	hooktraceGlibcLayoutGLIBC_LOCK_WORDS             hooktraceGlibcLayout = 8
 	hooktraceGlibcLayoutGLIBC_SPIN_UNLOCKED          hooktraceGlibcLayout = 1
 	hooktraceGlibcLayoutGLIBC_MALLOC_ALIGNMENT       hooktraceGlibcLayout = 16
+	hooktraceGlibcLayoutGLIBC_CHUNK_HEADER           hooktraceGlibcLayout = 16
+	hooktraceGlibcLayoutGLIBC_CHUNK_SIZE_AT          hooktraceGlibcLayout = 8
+	hooktraceGlibcLayoutGLIBC_CHUNK_FLAGS            hooktraceGlibcLayout = 7
+	hooktraceGlibcLayoutGLIBC_CHUNK_IS_MMAPPED       hooktraceGlibcLayout = 2
 )
 
 type hooktraceLimits uint32
 
 const (
-	hooktraceLimitsMAX_FRAMES   hooktraceLimits = 48
-	hooktraceLimitsSAMPLE_BYTES hooktraceLimits = 8192
-	hooktraceLimitsSCAN_SLOTS   hooktraceLimits = 512
-	hooktraceLimitsMAX_HELD     hooktraceLimits = 8
-	hooktraceLimitsFREE_PAGES   hooktraceLimits = 4
-	hooktraceLimitsOBJECT_PATH  hooktraceLimits = 256
+	hooktraceLimitsMAX_FRAMES    hooktraceLimits = 48
+	hooktraceLimitsSAMPLE_BYTES  hooktraceLimits = 8192
+	hooktraceLimitsSCAN_SLOTS    hooktraceLimits = 512
+	hooktraceLimitsMAX_HELD      hooktraceLimits = 8
+	hooktraceLimitsPATTERN_CACHE hooktraceLimits = 64
+	hooktraceLimitsFREE_PAGES    hooktraceLimits = 4
+	hooktraceLimitsOBJECT_PATH   hooktraceLimits = 256
 )
 
 type hooktraceObject struct {

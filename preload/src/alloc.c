@@ -1,36 +1,27 @@
-/* Part of shim.c, which includes it: the allocator's interposers. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): the allocator's interposers. */
+#include "shim.h"
 
 /* ---- the allocator ------------------------------------------------------ */
 
-#define FRAME ((__u64 *)__builtin_frame_address(0))
-#define ENSURE(field)                   \
-	do {                            \
-		if (unlikely(!real.field)) \
-			resolve_real(); \
-	} while (0)
+/* An allocator call's entry and exit, around the real call: recorded at
+ * entry (rec_alloc), then the call runs inside alloc_depth, so that what
+ * the allocator does meanwhile (a hook it runs) is flagged. frame is the
+ * interposer's own: the caller's return address is frame[1]. */
+HOT void alloc_enter(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
+{
+	rec_alloc(t, op, fn, frame, addr, size, arg);
+	t->shared.alloc_depth++;
+	leave(t);
+}
 
-/* An allocator interposer: record, then call inside the depth counter, so
- * that what the allocator does meanwhile (a hook it runs) is flagged. */
+HOT void alloc_exit(struct tstate *t)
+{
+	t->shared.alloc_depth--;
+	if (!t->shared.alloc_depth)
+		t->shared.alloc_sp = 0;
+}
+
 static void rec_alloc_mmap(struct tstate *t, void *p, __u64 fn, __u64 *frame);
-
-/* frame is the interposer's own frame: the caller's return address is
- * frame[1]. */
-#define ALLOC_CALL_AT(frame, op, field, rtype, call, addr, size, arg, fresh)                      \
-	struct tstate *t = enter_op(op);                                                            \
-	if (!t)                                                                                \
-		return call;                                                                   \
-	rec_alloc(t, op, (__u64)real.field, frame, (__u64)(addr), (__u64)(size), (__u64)(arg)); \
-	t->shared.alloc_depth++;                                                               \
-	leave(t);                                                                              \
-	rtype r = call;                                                                        \
-	rec_alloc_mmap(t, (fresh), (__u64)real.field, frame);                                 \
-	t->shared.alloc_depth--;                                                               \
-	if (!t->shared.alloc_depth)                                                            \
-		t->shared.alloc_sp = 0;                                                        \
-	return r;
-
-#define ALLOC_CALL(op, field, rtype, call, addr, size, arg, fresh) \
-	ALLOC_CALL_AT(FRAME, op, field, rtype, call, addr, size, arg, fresh)
 
 EXPORT void *malloc(size_t n)
 {
@@ -39,7 +30,14 @@ EXPORT void *malloc(size_t n)
 			return boot_alloc(n);
 		resolve_real();
 	}
-	ALLOC_CALL(OP_MALLOC, malloc, void *, real.malloc(n), 0, n, 0, r)
+	struct tstate *t = enter_op(OP_MALLOC);
+	if (!t)
+		return real.malloc(n);
+	alloc_enter(t, OP_MALLOC, (__u64)real.malloc, FRAME, 0, n, 0);
+	void *r = real.malloc(n);
+	rec_alloc_mmap(t, r, (__u64)real.malloc, FRAME);
+	alloc_exit(t);
+	return r;
 }
 
 EXPORT void *calloc(size_t n, size_t m)
@@ -49,7 +47,14 @@ EXPORT void *calloc(size_t n, size_t m)
 			return boot_alloc(n * m);
 		resolve_real();
 	}
-	ALLOC_CALL(OP_CALLOC, calloc, void *, real.calloc(n, m), 0, n * m, 0, r)
+	struct tstate *t = enter_op(OP_CALLOC);
+	if (!t)
+		return real.calloc(n, m);
+	alloc_enter(t, OP_CALLOC, (__u64)real.calloc, FRAME, 0, n * m, 0);
+	void *r = real.calloc(n, m);
+	rec_alloc_mmap(t, r, (__u64)real.calloc, FRAME);
+	alloc_exit(t);
+	return r;
 }
 
 /* realloc as called from the interposer whose frame is frame. */
@@ -68,7 +73,13 @@ HOT void *realloc_at(void *p, size_t n, __u64 *frame)
 			memcpy(q, p, n < had ? n : had);
 		return q;
 	}
-	ALLOC_CALL_AT(frame, OP_REALLOC, realloc, void *, real.realloc(p, n), p, n, 0, NULL)
+	struct tstate *t = enter_op(OP_REALLOC);
+	if (!t)
+		return real.realloc(p, n);
+	alloc_enter(t, OP_REALLOC, (__u64)real.realloc, frame, (__u64)p, n, 0);
+	void *r = real.realloc(p, n);
+	alloc_exit(t); /* no rec_alloc_mmap: see there */
+	return r;
 }
 
 EXPORT void *realloc(void *p, size_t n)
@@ -100,7 +111,7 @@ static size_t chunk_size(void *p)
 {
 	if (!p || !glibc_free)
 		return 0;
-	return (((__u64 *)p)[-1] & ~7ULL) - 8;
+	return glibc_chunk_freed(*(__u64 *)((char *)p - GLIBC_CHUNK_SIZE_AT));
 }
 
 /* glibc's free gives a chunk it mmapped back with munmap, by a call inside
@@ -116,12 +127,12 @@ static struct mapping mmapped_chunk(void *p)
 	struct mapping m = {0, 0};
 	if (!p || !glibc_free)
 		return m;
-	__u64 hdr = ((__u64 *)p)[-1];
-	if (likely(!(hdr & 2))) /* IS_MMAPPED */
+	__u64 size = *(__u64 *)((char *)p - GLIBC_CHUNK_SIZE_AT);
+	if (likely(!glibc_chunk_mmapped(size)))
 		return m;
-	__u64 prev = ((__u64 *)p)[-2];
-	m.addr = (__u64)p - 16 - prev;
-	m.len = prev + (hdr & ~7ULL);
+	__u64 chunk = (__u64)p - GLIBC_CHUNK_HEADER, prev = *(__u64 *)chunk;
+	m.addr = chunk - prev;
+	m.len = prev + glibc_chunk_bytes(size);
 	return m;
 }
 
@@ -174,44 +185,75 @@ EXPORT void free(void *p)
 		real.free(p);
 		return;
 	}
-	rec_alloc(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
+	alloc_enter(t, OP_FREE, (__u64)real.free, FRAME, (__u64)p, chunk_size(p), 0);
 	struct mapping unmapped = mmapped_chunk(p);
-	t->shared.alloc_depth++;
-	leave(t);
 	real.free(p);
 	if (unmapped.len)
 		rec_glibc_syscall(t, OP_MUNMAP, unmapped.addr, unmapped.len, 0, (__u64)real.free, FRAME);
-	t->shared.alloc_depth--;
-	if (!t->shared.alloc_depth)
-		t->shared.alloc_sp = 0;
+	alloc_exit(t);
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n)
 {
 	ENSURE(posix_memalign);
-	ALLOC_CALL(OP_POSIX_MEMALIGN, posix_memalign, int, real.posix_memalign(out, align, n), 0, n, align, r ? NULL : *out)
+	struct tstate *t = enter_op(OP_POSIX_MEMALIGN);
+	if (!t)
+		return real.posix_memalign(out, align, n);
+	alloc_enter(t, OP_POSIX_MEMALIGN, (__u64)real.posix_memalign, FRAME, 0, n, align);
+	int r = real.posix_memalign(out, align, n);
+	rec_alloc_mmap(t, r ? NULL : *out, (__u64)real.posix_memalign, FRAME);
+	alloc_exit(t);
+	return r;
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t n)
 {
 	ENSURE(aligned_alloc);
-	ALLOC_CALL(OP_ALIGNED_ALLOC, aligned_alloc, void *, real.aligned_alloc(align, n), 0, n, align, r)
+	struct tstate *t = enter_op(OP_ALIGNED_ALLOC);
+	if (!t)
+		return real.aligned_alloc(align, n);
+	alloc_enter(t, OP_ALIGNED_ALLOC, (__u64)real.aligned_alloc, FRAME, 0, n, align);
+	void *r = real.aligned_alloc(align, n);
+	rec_alloc_mmap(t, r, (__u64)real.aligned_alloc, FRAME);
+	alloc_exit(t);
+	return r;
 }
 
 EXPORT void *memalign(size_t align, size_t n)
 {
 	ENSURE(memalign);
-	ALLOC_CALL(OP_MEMALIGN, memalign, void *, real.memalign(align, n), 0, n, align, r)
+	struct tstate *t = enter_op(OP_MEMALIGN);
+	if (!t)
+		return real.memalign(align, n);
+	alloc_enter(t, OP_MEMALIGN, (__u64)real.memalign, FRAME, 0, n, align);
+	void *r = real.memalign(align, n);
+	rec_alloc_mmap(t, r, (__u64)real.memalign, FRAME);
+	alloc_exit(t);
+	return r;
 }
 
 EXPORT void *valloc(size_t n)
 {
 	ENSURE(valloc);
-	ALLOC_CALL(OP_VALLOC, valloc, void *, real.valloc(n), 0, n, 0, r)
+	struct tstate *t = enter_op(OP_VALLOC);
+	if (!t)
+		return real.valloc(n);
+	alloc_enter(t, OP_VALLOC, (__u64)real.valloc, FRAME, 0, n, 0);
+	void *r = real.valloc(n);
+	rec_alloc_mmap(t, r, (__u64)real.valloc, FRAME);
+	alloc_exit(t);
+	return r;
 }
 
 EXPORT void *pvalloc(size_t n)
 {
 	ENSURE(pvalloc);
-	ALLOC_CALL(OP_PVALLOC, pvalloc, void *, real.pvalloc(n), 0, n, 0, r)
+	struct tstate *t = enter_op(OP_PVALLOC);
+	if (!t)
+		return real.pvalloc(n);
+	alloc_enter(t, OP_PVALLOC, (__u64)real.pvalloc, FRAME, 0, n, 0);
+	void *r = real.pvalloc(n);
+	rec_alloc_mmap(t, r, (__u64)real.pvalloc, FRAME);
+	alloc_exit(t);
+	return r;
 }

@@ -1,4 +1,4 @@
-/* Part of shim.c, which includes it: the injected build's entry points,
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): the injected build's entry points,
  * which hooktrace calls in a running process it has stopped with ptrace
  * (package inject): start recording into a shared memory, and stop.
  *
@@ -9,6 +9,7 @@
  * hooktrace_detach puts every one back. The library stays loaded, dormant
  * (no slot leads to it), for the next attach: unloading code a thread may
  * still be in (a wrapper blocked in a lock call) is not safe. */
+#include "shim.h"
 
 #ifdef HOOKTRACE_INJECT
 
@@ -95,7 +96,7 @@ static void inject_slot(struct dl_phdr_info *info, __u64 slot, const char *name,
 	}
 	if (libc)
 		return; /* libc's own memory calls are direct */
-	for (size_t k = 0; k < sizeof(memcalls) / sizeof(memcalls[0]); k++) {
+	for (size_t k = 0; k < nmemcalls; k++) {
 		if (strcmp(name, memcalls[k].name) != 0)
 			continue;
 		if ((cfg_flags & SHM_F_SYSCALLS) && !memcalls[k].ends_locks)
@@ -108,7 +109,7 @@ static void inject_slot(struct dl_phdr_info *info, __u64 slot, const char *name,
 
 /* The injected build's patch_object: libc's slots too (its strdup calls
  * malloc through one, as the preloaded library sees), every slot saved. */
-static int inject_patch_object(struct dl_phdr_info *info, size_t size, void *data)
+int inject_patch_object(struct dl_phdr_info *info, size_t size, void *data)
 {
 	if (not_patched(info))
 		return 0;
@@ -221,7 +222,7 @@ EXPORT __attribute__((noinline)) long hooktrace_detach(void)
 
 #else
 
-static int inject_patch_object(struct dl_phdr_info *info, size_t size, void *data)
+int inject_patch_object(struct dl_phdr_info *info, size_t size, void *data)
 {
 	return 0;
 }

@@ -1,139 +1,239 @@
-/* Part of shim.c, which includes it: the pthread mutex, rwlock, spinlock and condition interposers. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): the pthread mutex, rwlock, spinlock and condition interposers. */
+#include "shim.h"
 
 /* ---- locks -------------------------------------------------------------- */
 
-#define ACQUIRE(op, field, call, lock)                              \
-	ENSURE(field);                                              \
-	struct tstate *t = enter_op(op);                                 \
-	if (t) {                                                    \
-		rec_acquire(t, op, (__u64)(lock), (__u64)real.field, FRAME); \
-		leave(t);                                           \
-	}                                                           \
-	return call;
-
-#define TRY(op, field, call, lock, addr2)                    \
-	ENSURE(field);                                       \
-	struct tstate *t = enter_op(op);                          \
-	if (!t)                                              \
-		return call;                                 \
-	count_call(t, op);                                   \
-	leave(t);                                            \
-	int r = call;                                        \
-	if (!t->guard) {                                     \
-		t->guard = 1;                                \
-		rec_try_result(t, op, (__u64)(lock), (__u64)(addr2), r, FRAME); \
-		leave(t);                                    \
-	}                                                    \
-	return r;
-
-#define RELEASE(op, field, call, lock)                                   \
-	ENSURE(field);                                                   \
-	struct tstate *t = enter_op(op);                                 \
-	if (t) {                                                         \
-		rec_release(t, op, (__u64)(lock), (__u64)real.field, FRAME); \
-		leave(t);                                                \
-	}                                                                \
-	return call;
-
-/* An init is recorded after the call, so that kind (read from the lock)
- * is what the attributes gave; a destroy before it. */
-#define INIT(op, field, call, lock, kind)                                                  \
-	ENSURE(field);                                                                     \
-	int r = call;                                                                      \
-	struct tstate *t = enter_op(op);                                                   \
-	if (t) {                                                                           \
-		rec_lifetime(t, op, (__u64)(lock), (kind), (__u64)real.field, FRAME);          \
-		leave(t);                                                                  \
-	}                                                                                  \
-	return r;
-
-#define DESTROY(op, field, call, lock, kind)                                        \
-	ENSURE(field);                                                              \
-	struct tstate *t = enter_op(op);                                            \
-	if (t) {                                                                    \
-		rec_destroy(t, op, (__u64)(lock), (kind), (__u64)real.field, FRAME); \
-		leave(t);                                                           \
-	}                                                                           \
-	return call;
-
 EXPORT int pthread_mutex_lock(pthread_mutex_t *m)
 {
-	ACQUIRE(OP_MUTEX_LOCK, mutex_lock, real.mutex_lock(m), m)
+	ENSURE(mutex_lock);
+	struct tstate *t = enter_op(OP_MUTEX_LOCK);
+	if (t) {
+		rec_acquire(t, OP_MUTEX_LOCK, (__u64)m, (__u64)real.mutex_lock, FRAME);
+		leave(t);
+	}
+	return real.mutex_lock(m);
 }
 
 EXPORT int pthread_mutex_trylock(pthread_mutex_t *m)
 {
-	TRY(OP_MUTEX_TRYLOCK, mutex_trylock, real.mutex_trylock(m), m, 0)
+	ENSURE(mutex_trylock);
+	struct tstate *t = enter_op(OP_MUTEX_TRYLOCK);
+	if (!t)
+		return real.mutex_trylock(m);
+	count_call(t, OP_MUTEX_TRYLOCK);
+	leave(t);
+	int r = real.mutex_trylock(m);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_MUTEX_TRYLOCK, (__u64)m, 0, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_mutex_timedlock(pthread_mutex_t *m, const struct timespec *at)
 {
-	TRY(OP_MUTEX_TIMEDLOCK, mutex_timedlock, real.mutex_timedlock(m, at), m, at)
+	ENSURE(mutex_timedlock);
+	struct tstate *t = enter_op(OP_MUTEX_TIMEDLOCK);
+	if (!t)
+		return real.mutex_timedlock(m, at);
+	count_call(t, OP_MUTEX_TIMEDLOCK);
+	leave(t);
+	int r = real.mutex_timedlock(m, at);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_MUTEX_TIMEDLOCK, (__u64)m, (__u64)at, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_mutex_clocklock(pthread_mutex_t *m, clockid_t c, const struct timespec *at)
 {
-	TRY(OP_MUTEX_CLOCKLOCK, mutex_clocklock, real.mutex_clocklock(m, c, at), m, c)
+	ENSURE(mutex_clocklock);
+	struct tstate *t = enter_op(OP_MUTEX_CLOCKLOCK);
+	if (!t)
+		return real.mutex_clocklock(m, c, at);
+	count_call(t, OP_MUTEX_CLOCKLOCK);
+	leave(t);
+	int r = real.mutex_clocklock(m, c, at);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_MUTEX_CLOCKLOCK, (__u64)m, (__u64)c, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_mutex_unlock(pthread_mutex_t *m)
 {
-	RELEASE(OP_MUTEX_UNLOCK, mutex_unlock, real.mutex_unlock(m), m)
+	ENSURE(mutex_unlock);
+	struct tstate *t = enter_op(OP_MUTEX_UNLOCK);
+	if (t) {
+		rec_release(t, OP_MUTEX_UNLOCK, (__u64)m, (__u64)real.mutex_unlock, FRAME);
+		leave(t);
+	}
+	return real.mutex_unlock(m);
 }
 
+/* An init is recorded after the call, so that the kind (read from the
+ * lock) is what the attributes gave; a destroy before it. */
 EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
 {
-	INIT(OP_MUTEX_INIT, mutex_init, real.mutex_init(m, a), m, mutex_kind(OP_MUTEX_INIT, (__u64)m))
+	ENSURE(mutex_init);
+	int r = real.mutex_init(m, a);
+	struct tstate *t = enter_op(OP_MUTEX_INIT);
+	if (t) {
+		rec_lifetime(t, OP_MUTEX_INIT, (__u64)m, mutex_kind(OP_MUTEX_INIT, (__u64)m), (__u64)real.mutex_init, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_mutex_destroy(pthread_mutex_t *m)
 {
-	DESTROY(OP_MUTEX_DESTROY, mutex_destroy, real.mutex_destroy(m), m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m))
+	ENSURE(mutex_destroy);
+	struct tstate *t = enter_op(OP_MUTEX_DESTROY);
+	if (t) {
+		rec_destroy(t, OP_MUTEX_DESTROY, (__u64)m, mutex_kind(OP_MUTEX_DESTROY, (__u64)m), (__u64)real.mutex_destroy, FRAME);
+		leave(t);
+	}
+	return real.mutex_destroy(m);
 }
 
 EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
 {
-	ACQUIRE(OP_RWLOCK_RDLOCK, rw_rdlock, real.rw_rdlock(l), l)
+	ENSURE(rw_rdlock);
+	struct tstate *t = enter_op(OP_RWLOCK_RDLOCK);
+	if (t) {
+		rec_acquire(t, OP_RWLOCK_RDLOCK, (__u64)l, (__u64)real.rw_rdlock, FRAME);
+		leave(t);
+	}
+	return real.rw_rdlock(l);
 }
 
 EXPORT int pthread_rwlock_wrlock(pthread_rwlock_t *l)
 {
-	ACQUIRE(OP_RWLOCK_WRLOCK, rw_wrlock, real.rw_wrlock(l), l)
+	ENSURE(rw_wrlock);
+	struct tstate *t = enter_op(OP_RWLOCK_WRLOCK);
+	if (t) {
+		rec_acquire(t, OP_RWLOCK_WRLOCK, (__u64)l, (__u64)real.rw_wrlock, FRAME);
+		leave(t);
+	}
+	return real.rw_wrlock(l);
 }
 
 EXPORT int pthread_rwlock_tryrdlock(pthread_rwlock_t *l)
 {
-	TRY(OP_RWLOCK_TRYRDLOCK, rw_tryrdlock, real.rw_tryrdlock(l), l, 0)
+	ENSURE(rw_tryrdlock);
+	struct tstate *t = enter_op(OP_RWLOCK_TRYRDLOCK);
+	if (!t)
+		return real.rw_tryrdlock(l);
+	count_call(t, OP_RWLOCK_TRYRDLOCK);
+	leave(t);
+	int r = real.rw_tryrdlock(l);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_RWLOCK_TRYRDLOCK, (__u64)l, 0, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_rwlock_trywrlock(pthread_rwlock_t *l)
 {
-	TRY(OP_RWLOCK_TRYWRLOCK, rw_trywrlock, real.rw_trywrlock(l), l, 0)
+	ENSURE(rw_trywrlock);
+	struct tstate *t = enter_op(OP_RWLOCK_TRYWRLOCK);
+	if (!t)
+		return real.rw_trywrlock(l);
+	count_call(t, OP_RWLOCK_TRYWRLOCK);
+	leave(t);
+	int r = real.rw_trywrlock(l);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_RWLOCK_TRYWRLOCK, (__u64)l, 0, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_rwlock_timedrdlock(pthread_rwlock_t *l, const struct timespec *at)
 {
-	TRY(OP_RWLOCK_TIMEDRDLOCK, rw_timedrdlock, real.rw_timedrdlock(l, at), l, at)
+	ENSURE(rw_timedrdlock);
+	struct tstate *t = enter_op(OP_RWLOCK_TIMEDRDLOCK);
+	if (!t)
+		return real.rw_timedrdlock(l, at);
+	count_call(t, OP_RWLOCK_TIMEDRDLOCK);
+	leave(t);
+	int r = real.rw_timedrdlock(l, at);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_RWLOCK_TIMEDRDLOCK, (__u64)l, (__u64)at, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_rwlock_timedwrlock(pthread_rwlock_t *l, const struct timespec *at)
 {
-	TRY(OP_RWLOCK_TIMEDWRLOCK, rw_timedwrlock, real.rw_timedwrlock(l, at), l, at)
+	ENSURE(rw_timedwrlock);
+	struct tstate *t = enter_op(OP_RWLOCK_TIMEDWRLOCK);
+	if (!t)
+		return real.rw_timedwrlock(l, at);
+	count_call(t, OP_RWLOCK_TIMEDWRLOCK);
+	leave(t);
+	int r = real.rw_timedwrlock(l, at);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_RWLOCK_TIMEDWRLOCK, (__u64)l, (__u64)at, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_rwlock_clockrdlock(pthread_rwlock_t *l, clockid_t c, const struct timespec *at)
 {
-	TRY(OP_RWLOCK_CLOCKRDLOCK, rw_clockrdlock, real.rw_clockrdlock(l, c, at), l, c)
+	ENSURE(rw_clockrdlock);
+	struct tstate *t = enter_op(OP_RWLOCK_CLOCKRDLOCK);
+	if (!t)
+		return real.rw_clockrdlock(l, c, at);
+	count_call(t, OP_RWLOCK_CLOCKRDLOCK);
+	leave(t);
+	int r = real.rw_clockrdlock(l, c, at);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_RWLOCK_CLOCKRDLOCK, (__u64)l, (__u64)c, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *l, clockid_t c, const struct timespec *at)
 {
-	TRY(OP_RWLOCK_CLOCKWRLOCK, rw_clockwrlock, real.rw_clockwrlock(l, c, at), l, c)
+	ENSURE(rw_clockwrlock);
+	struct tstate *t = enter_op(OP_RWLOCK_CLOCKWRLOCK);
+	if (!t)
+		return real.rw_clockwrlock(l, c, at);
+	count_call(t, OP_RWLOCK_CLOCKWRLOCK);
+	leave(t);
+	int r = real.rw_clockwrlock(l, c, at);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_RWLOCK_CLOCKWRLOCK, (__u64)l, (__u64)c, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_rwlock_unlock(pthread_rwlock_t *l)
 {
-	RELEASE(OP_RWLOCK_UNLOCK, rw_unlock, real.rw_unlock(l), l)
+	ENSURE(rw_unlock);
+	struct tstate *t = enter_op(OP_RWLOCK_UNLOCK);
+	if (t) {
+		rec_release(t, OP_RWLOCK_UNLOCK, (__u64)l, (__u64)real.rw_unlock, FRAME);
+		leave(t);
+	}
+	return real.rw_unlock(l);
 }
 
 /* The preference is read from the lock after the init (glibc copies the
@@ -141,27 +241,64 @@ EXPORT int pthread_rwlock_unlock(pthread_rwlock_t *l)
  * attribute at entry, and the default's 0 without one. */
 EXPORT int pthread_rwlock_init(pthread_rwlock_t *l, const pthread_rwlockattr_t *a)
 {
-	INIT(OP_RWLOCK_INIT, rw_init, real.rw_init(l, a), l, *(__u32 *)((__u64)l + GLIBC_RWLOCK_FLAGS_OFFSET))
+	ENSURE(rw_init);
+	int r = real.rw_init(l, a);
+	struct tstate *t = enter_op(OP_RWLOCK_INIT);
+	if (t) {
+		rec_lifetime(t, OP_RWLOCK_INIT, (__u64)l, *(__u32 *)((__u64)l + GLIBC_RWLOCK_FLAGS_OFFSET), (__u64)real.rw_init, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_rwlock_destroy(pthread_rwlock_t *l)
 {
-	DESTROY(OP_RWLOCK_DESTROY, rw_destroy, real.rw_destroy(l), l, 0)
+	ENSURE(rw_destroy);
+	struct tstate *t = enter_op(OP_RWLOCK_DESTROY);
+	if (t) {
+		rec_destroy(t, OP_RWLOCK_DESTROY, (__u64)l, 0, (__u64)real.rw_destroy, FRAME);
+		leave(t);
+	}
+	return real.rw_destroy(l);
 }
 
 EXPORT int pthread_spin_lock(pthread_spinlock_t *l)
 {
-	ACQUIRE(OP_SPIN_LOCK, spin_lock, real.spin_lock(l), l)
+	ENSURE(spin_lock);
+	struct tstate *t = enter_op(OP_SPIN_LOCK);
+	if (t) {
+		rec_acquire(t, OP_SPIN_LOCK, (__u64)l, (__u64)real.spin_lock, FRAME);
+		leave(t);
+	}
+	return real.spin_lock(l);
 }
 
 EXPORT int pthread_spin_trylock(pthread_spinlock_t *l)
 {
-	TRY(OP_SPIN_TRYLOCK, spin_trylock, real.spin_trylock(l), l, 0)
+	ENSURE(spin_trylock);
+	struct tstate *t = enter_op(OP_SPIN_TRYLOCK);
+	if (!t)
+		return real.spin_trylock(l);
+	count_call(t, OP_SPIN_TRYLOCK);
+	leave(t);
+	int r = real.spin_trylock(l);
+	if (!t->guard) {
+		t->guard = 1;
+		rec_try_result(t, OP_SPIN_TRYLOCK, (__u64)l, 0, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_spin_unlock(pthread_spinlock_t *l)
 {
-	RELEASE(OP_SPIN_UNLOCK, spin_unlock, real.spin_unlock(l), l)
+	ENSURE(spin_unlock);
+	struct tstate *t = enter_op(OP_SPIN_UNLOCK);
+	if (t) {
+		rec_release(t, OP_SPIN_UNLOCK, (__u64)l, (__u64)real.spin_unlock, FRAME);
+		leave(t);
+	}
+	return real.spin_unlock(l);
 }
 
 /* glibc 2.36's pthread_spin_init is pthread_spin_unlock's code; the BPF
@@ -170,12 +307,25 @@ EXPORT int pthread_spin_unlock(pthread_spinlock_t *l)
  * program called. */
 EXPORT int pthread_spin_init(pthread_spinlock_t *l, int pshared)
 {
-	INIT(OP_SPIN_INIT, spin_init, real.spin_init(l, pshared), l, 0)
+	ENSURE(spin_init);
+	int r = real.spin_init(l, pshared);
+	struct tstate *t = enter_op(OP_SPIN_INIT);
+	if (t) {
+		rec_lifetime(t, OP_SPIN_INIT, (__u64)l, 0, (__u64)real.spin_init, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_spin_destroy(pthread_spinlock_t *l)
 {
-	DESTROY(OP_SPIN_DESTROY, spin_destroy, real.spin_destroy(l), l, 0)
+	ENSURE(spin_destroy);
+	struct tstate *t = enter_op(OP_SPIN_DESTROY);
+	if (t) {
+		rec_destroy(t, OP_SPIN_DESTROY, (__u64)l, 0, (__u64)real.spin_destroy, FRAME);
+		leave(t);
+	}
+	return real.spin_destroy(l);
 }
 
 /* cond_wait releases its mutex at entry and holds it again at return,
@@ -235,37 +385,66 @@ static void cond_cancelled(void *p)
 	leave(t);
 }
 
-#define COND(op, field, call)                                  \
-	ENSURE(field);                                         \
-	struct tstate *t = enter_op(op);                       \
-	if (!t)                                                \
-		return call;                                   \
-	cond_enter(t, op, c, m, (__u64)real.field, FRAME);     \
-	leave(t);                                              \
-	struct cond_call w = {t, op, c, m, FRAME};             \
-	int r;                                                 \
-	pthread_cleanup_push(cond_cancelled, &w);              \
-	r = call;                                              \
-	pthread_cleanup_pop(0);                                \
-	if (!t->guard) {                                       \
-		t->guard = 1;                                  \
-		cond_return(t, op, c, m, r, FRAME);            \
-		leave(t);                                      \
-	}                                                      \
-	return r;
-
 EXPORT int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
 {
-	COND(OP_COND_WAIT, cond_wait, real.cond_wait(c, m))
+	ENSURE(cond_wait);
+	struct tstate *t = enter_op(OP_COND_WAIT);
+	if (!t)
+		return real.cond_wait(c, m);
+	cond_enter(t, OP_COND_WAIT, c, m, (__u64)real.cond_wait, FRAME);
+	leave(t);
+	struct cond_call w = {t, OP_COND_WAIT, c, m, FRAME};
+	int r;
+	pthread_cleanup_push(cond_cancelled, &w);
+	r = real.cond_wait(c, m);
+	pthread_cleanup_pop(0);
+	if (!t->guard) {
+		t->guard = 1;
+		cond_return(t, OP_COND_WAIT, c, m, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 EXPORT int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *at)
 {
-	COND(OP_COND_TIMEDWAIT, cond_timedwait, real.cond_timedwait(c, m, at))
+	ENSURE(cond_timedwait);
+	struct tstate *t = enter_op(OP_COND_TIMEDWAIT);
+	if (!t)
+		return real.cond_timedwait(c, m, at);
+	cond_enter(t, OP_COND_TIMEDWAIT, c, m, (__u64)real.cond_timedwait, FRAME);
+	leave(t);
+	struct cond_call w = {t, OP_COND_TIMEDWAIT, c, m, FRAME};
+	int r;
+	pthread_cleanup_push(cond_cancelled, &w);
+	r = real.cond_timedwait(c, m, at);
+	pthread_cleanup_pop(0);
+	if (!t->guard) {
+		t->guard = 1;
+		cond_return(t, OP_COND_TIMEDWAIT, c, m, r, FRAME);
+		leave(t);
+	}
+	return r;
 }
 
 /* The analyzer knows one timed wait: clockwait is one. */
 EXPORT int pthread_cond_clockwait(pthread_cond_t *c, pthread_mutex_t *m, clockid_t clk, const struct timespec *at)
 {
-	COND(OP_COND_TIMEDWAIT, cond_clockwait, real.cond_clockwait(c, m, clk, at))
+	ENSURE(cond_clockwait);
+	struct tstate *t = enter_op(OP_COND_TIMEDWAIT);
+	if (!t)
+		return real.cond_clockwait(c, m, clk, at);
+	cond_enter(t, OP_COND_TIMEDWAIT, c, m, (__u64)real.cond_clockwait, FRAME);
+	leave(t);
+	struct cond_call w = {t, OP_COND_TIMEDWAIT, c, m, FRAME};
+	int r;
+	pthread_cleanup_push(cond_cancelled, &w);
+	r = real.cond_clockwait(c, m, clk, at);
+	pthread_cleanup_pop(0);
+	if (!t->guard) {
+		t->guard = 1;
+		cond_return(t, OP_COND_TIMEDWAIT, c, m, r, FRAME);
+		leave(t);
+	}
+	return r;
 }

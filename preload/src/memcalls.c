@@ -1,4 +1,5 @@
-/* Part of shim.c, which includes it: libc's memory wrappers through rewritten GOT slots, and dlopen. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): libc's memory wrappers through rewritten GOT slots, and dlopen. */
+#include "shim.h"
 
 /* ---- libc's memory wrappers: rewritten GOT slots ----------------------- */
 
@@ -31,19 +32,15 @@ static void rec_unmap(struct tstate *t, __u32 op, __u64 addr, __u64 size, __u64 
 	rec_mem(t, op, addr, size, arg, fn, frame);
 }
 
-/* errno is the caller's until the real call sets it. */
-#define MEMCALL(op, rec, fn, addr, size, arg)                                              \
-	struct tstate *t = enter_op(op);                                                   \
-	if (t) {                                                                           \
-		int saved = errno;                                                         \
-		rec(t, op, (__u64)(addr), (__u64)(size), (__u64)(arg), (__u64)(fn), FRAME); \
-		errno = saved;                                                             \
-		leave(t);                                                                  \
-	}
-
 static int wrap_madvise(void *a, size_t n, int advice)
 {
-	MEMCALL(OP_MADVISE, rec_mem, real.madvise, a, n, advice)
+	struct tstate *t = enter_op(OP_MADVISE);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_mem(t, OP_MADVISE, (__u64)a, n, (__u64)advice, (__u64)real.madvise, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.madvise(a, n, advice);
 }
 
@@ -53,13 +50,25 @@ static int wrap_munmap(void *a, size_t n)
 		lifetime_changed();
 		return real.munmap(a, n);
 	}
-	MEMCALL(OP_MUNMAP, rec_unmap, real.munmap, a, n, 0)
+	struct tstate *t = enter_op(OP_MUNMAP);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_unmap(t, OP_MUNMAP, (__u64)a, n, 0, (__u64)real.munmap, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.munmap(a, n);
 }
 
 static void *wrap_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off)
 {
-	MEMCALL(OP_MMAP, rec_mem, real.mmap, a, n, (__u64)(__u32)prot | ((__u64)(__u32)flags << 32))
+	struct tstate *t = enter_op(OP_MMAP);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_mem(t, OP_MMAP, (__u64)a, n, (__u64)(__u32)prot | ((__u64)(__u32)flags << 32), (__u64)real.mmap, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.mmap(a, n, prot, flags, fd, off);
 }
 
@@ -75,13 +84,25 @@ static void *wrap_mremap(void *a, size_t old, size_t n, int flags, ...)
 		lifetime_changed();
 		return real.mremap(a, old, n, flags, at);
 	}
-	MEMCALL(OP_MREMAP, rec_unmap, real.mremap, a, old, n)
+	struct tstate *t = enter_op(OP_MREMAP);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_unmap(t, OP_MREMAP, (__u64)a, old, n, (__u64)real.mremap, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.mremap(a, old, n, flags, at);
 }
 
 static int wrap_brk(void *a)
 {
-	MEMCALL(OP_BRK, rec_mem, real.brk, a, 0, 0)
+	struct tstate *t = enter_op(OP_BRK);
+	if (t) {
+		int saved = errno; /* the caller's until the real call sets it */
+		rec_mem(t, OP_BRK, (__u64)a, 0, 0, (__u64)real.brk, FRAME);
+		errno = saved;
+		leave(t);
+	}
 	return real.brk(a);
 }
 
@@ -103,12 +124,7 @@ static void *wrap_sbrk(intptr_t incr)
 /* ends_locks: under the kernel's tracepoint, which records every memory
  * syscall itself, only these are wrapped: the memory they give up ends the
  * lifetimes of the locks in it, in the shim's chain cache too. */
-static const struct memcall {
-	const char *name;
-	void *wrapper;
-	void **real; /* what a slot bound to libc holds */
-	int ends_locks;
-} memcalls[] = {
+const struct memcall memcalls[] = {
 	{"madvise", (void *)wrap_madvise, (void **)&real.madvise, 0},
 	{"munmap", (void *)wrap_munmap, (void **)&real.munmap, 1},
 	{"mmap", (void *)wrap_mmap, (void **)&real.mmap, 0},
@@ -117,11 +133,12 @@ static const struct memcall {
 	{"brk", (void *)wrap_brk, (void **)&real.brk, 0},
 	{"sbrk", (void *)wrap_sbrk, (void **)&real.sbrk, 0},
 };
+const size_t nmemcalls = sizeof(memcalls) / sizeof(memcalls[0]);
 
 /* The mapping of /proc/self/maps that holds addr (read without
  * allocating): its bounds and whether it is writable now. Returns 0 when
  * unknown. */
-static int find_mapping(__u64 addr, __u64 *lo_out, __u64 *hi_out, int *writable)
+int find_mapping(__u64 addr, __u64 *lo_out, __u64 *hi_out, int *writable)
 {
 	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -177,7 +194,7 @@ static int page_writable(__u64 addr)
 /* Whether a lies in a segment of info's object of type (PT_LOAD: the
  * object's own memory; PT_GNU_RELRO: what the loader makes read-only once
  * the object is relocated). */
-static int in_segment(struct dl_phdr_info *info, __u64 a, __u32 type)
+int in_segment(struct dl_phdr_info *info, __u64 a, __u32 type)
 {
 	for (int i = 0; i < info->dlpi_phnum; i++) {
 		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
@@ -192,7 +209,7 @@ static int in_segment(struct dl_phdr_info *info, __u64 a, __u32 type)
  * (relro: the slot lies in the object's RELRO segment), restoring its
  * protection. A slot outside RELRO (lazy binding's .got.plt) is writable
  * as the object was loaded: the maps are read only for one inside. */
-static int store_slot(__u64 slot, __u64 v, int relro)
+int store_slot(__u64 slot, __u64 v, int relro)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	void *pg = (void *)(slot & ~(__u64)(page - 1));
@@ -225,7 +242,7 @@ static int in_object(struct dl_phdr_info *info, __u64 a)
  * R_X86_64_JUMP_SLOT of info's object that names a symbol the object does
  * not define (an executable's canonical PLT entry, whose address the
  * program took, is left alone). */
-static void each_jump_slot(struct dl_phdr_info *info, void (*slot)(struct dl_phdr_info *, __u64, const char *, void *),
+void each_jump_slot(struct dl_phdr_info *info, void (*slot)(struct dl_phdr_info *, __u64, const char *, void *),
 			   void *data)
 {
 	__u64 base = info->dlpi_addr;
@@ -277,7 +294,7 @@ static void each_jump_slot(struct dl_phdr_info *info, void (*slot)(struct dl_phd
  * bound name to (real) or is not bound yet (lazy binding: it points at
  * the object's own PLT): anything else is a runtime's redirection, left
  * alone. */
-static int slot_unredirected(struct dl_phdr_info *info, __u64 slot, void *real_fn)
+int slot_unredirected(struct dl_phdr_info *info, __u64 slot, void *real_fn)
 {
 	__u64 cur = __atomic_load_n((__u64 *)slot, __ATOMIC_ACQUIRE);
 	return cur == (__u64)real_fn || (cur && in_object(info, cur));
@@ -285,7 +302,7 @@ static int slot_unredirected(struct dl_phdr_info *info, __u64 slot, void *real_f
 
 static void patch_memcall(struct dl_phdr_info *info, __u64 slot, const char *name, void *data)
 {
-	for (size_t k = 0; k < sizeof(memcalls) / sizeof(memcalls[0]); k++) {
+	for (size_t k = 0; k < nmemcalls; k++) {
 		if (strcmp(name, memcalls[k].name) != 0)
 			continue;
 		if ((cfg_flags & SHM_F_SYSCALLS) && !memcalls[k].ends_locks)
@@ -300,12 +317,12 @@ static void patch_memcall(struct dl_phdr_info *info, __u64 slot, const char *nam
 
 /* Whether info's object is libc (whose own calls are direct anyway), the
  * loader, the vDSO or the shim itself. */
-static int is_libc(struct dl_phdr_info *info)
+int is_libc(struct dl_phdr_info *info)
 {
 	return in_object(info, (__u64)real.madvise) || in_object(info, (__u64)gnu_get_libc_version);
 }
 
-static int not_patched(struct dl_phdr_info *info)
+int not_patched(struct dl_phdr_info *info)
 {
 	__u64 base = info->dlpi_addr;
 	return base == getauxval(AT_BASE) || base == getauxval(AT_SYSINFO_EHDR) || in_object(info, (__u64)each_jump_slot);
@@ -319,13 +336,11 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 	return 0;
 }
 
-static void arm_probes(void);
-static int inject_patch_object(struct dl_phdr_info *info, size_t size, void *data);
 static int patch_lock;
 
 /* The objects loaded so far: their memory calls and the probes in them.
  * Under the kernel's tracepoint the memory calls are its to record. */
-static void instrument_objects(void)
+void instrument_objects(void)
 {
 	while (__atomic_exchange_n(&patch_lock, 1, __ATOMIC_ACQUIRE))
 		__builtin_ia32_pause();

@@ -1,4 +1,5 @@
-/* Part of shim.c, which includes it: --probe: breakpoints handled in the process. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): --probe: breakpoints handled in the process. */
+#include "shim.h"
 
 /* ---- --probe: breakpoints handled in the process ---------------------- */
 
@@ -318,7 +319,7 @@ static __u8 *displace(const struct shm_probe *sp, __u64 addr, long page)
 	return tramp;
 }
 
-static void arm_probes(void)
+void arm_probes(void)
 {
 	__u32 n = *H32(SHM_OFF_NPROBES);
 	if (n == 0 || n > SHM_PROBES)
@@ -391,7 +392,7 @@ static void arm_probes(void)
 
 /* A new process image is an exec, as the BPF side's sched_process_exec
  * reports it: the first record of each image. */
-static void exec_event(struct tstate *t)
+void exec_event(struct tstate *t)
 {
 	count_call(t, OP_EXEC);
 	struct event e;

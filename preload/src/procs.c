@@ -1,4 +1,5 @@
-/* Part of shim.c, which includes it: threads and processes: create, exit, fork, vfork, exec and spawn. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): threads and processes: create, exit, fork, vfork, exec and spawn. */
+#include "shim.h"
 
 /* ---- threads and processes ---------------------------------------------- */
 
@@ -48,7 +49,7 @@ static void send_thread_exit(struct tstate *t, __u32 tid, __s64 ret)
 	event_send(&e);
 }
 
-static void thread_exit_event(struct tstate *t, __s64 ret)
+void thread_exit_event(struct tstate *t, __s64 ret)
 {
 	if (t->exited)
 		return;
@@ -64,7 +65,7 @@ static void thread_exit_event(struct tstate *t, __s64 ret)
  * recorded by the ending thread, after their records under way
  * (end_writes). An exec ends them too, but may fail and leave them
  * running: there the kernel's view alone has their exits. */
-static void others_ended(struct tstate *self)
+void others_ended(struct tstate *self)
 {
 	__u32 n = slots_taken();
 	for (__u32 i = 0; i < n; i++) {
@@ -240,7 +241,7 @@ static void process_created(struct tstate *t, pid_t child, __u64 fn, __u64 *fram
  * not in the child), and without follow-forks the child records nothing. */
 static void inherit_held(struct tstate *t, const struct held_lock *from, __u32 n);
 
-static void after_fork_child(void)
+void after_fork_child(void)
 {
 	/* The forking thread's held locks, its fork handlers' included: fork
 	 * copies them locked, so the child's thread holds them. */

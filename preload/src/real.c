@@ -1,68 +1,9 @@
-/* Part of shim.c, which includes it: the real functions: resolved with dlsym, and the bootstrap allocator dlsym may need. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): the real functions: resolved with dlsym, and the bootstrap allocator dlsym may need. */
+#include "shim.h"
 
 /* ---- the real functions ------------------------------------------------ */
 
-static struct {
-	void *(*malloc)(size_t);
-	void *(*calloc)(size_t, size_t);
-	void *(*realloc)(void *, size_t);
-	void (*free)(void *);
-	int (*posix_memalign)(void **, size_t, size_t);
-	void *(*aligned_alloc)(size_t, size_t);
-	void *(*memalign)(size_t, size_t);
-	void *(*valloc)(size_t);
-	void *(*pvalloc)(size_t);
-	int (*mutex_lock)(pthread_mutex_t *);
-	int (*mutex_trylock)(pthread_mutex_t *);
-	int (*mutex_timedlock)(pthread_mutex_t *, const struct timespec *);
-	int (*mutex_clocklock)(pthread_mutex_t *, clockid_t, const struct timespec *);
-	int (*mutex_unlock)(pthread_mutex_t *);
-	int (*mutex_init)(pthread_mutex_t *, const pthread_mutexattr_t *);
-	int (*mutex_destroy)(pthread_mutex_t *);
-	int (*rw_rdlock)(pthread_rwlock_t *);
-	int (*rw_wrlock)(pthread_rwlock_t *);
-	int (*rw_tryrdlock)(pthread_rwlock_t *);
-	int (*rw_trywrlock)(pthread_rwlock_t *);
-	int (*rw_timedrdlock)(pthread_rwlock_t *, const struct timespec *);
-	int (*rw_timedwrlock)(pthread_rwlock_t *, const struct timespec *);
-	int (*rw_clockrdlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
-	int (*rw_clockwrlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
-	int (*rw_unlock)(pthread_rwlock_t *);
-	int (*rw_init)(pthread_rwlock_t *, const pthread_rwlockattr_t *);
-	int (*rw_destroy)(pthread_rwlock_t *);
-	int (*spin_lock)(pthread_spinlock_t *);
-	int (*spin_trylock)(pthread_spinlock_t *);
-	int (*spin_unlock)(pthread_spinlock_t *);
-	int (*spin_init)(pthread_spinlock_t *, int);
-	int (*spin_destroy)(pthread_spinlock_t *);
-	int (*cond_wait)(pthread_cond_t *, pthread_mutex_t *);
-	int (*cond_timedwait)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
-	int (*cond_clockwait)(pthread_cond_t *, pthread_mutex_t *, clockid_t, const struct timespec *);
-	int (*create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
-	void (*exit)(void *) __attribute__((noreturn));
-	pid_t (*fork)(void);
-	pid_t (*_Fork)(void);
-	pid_t (*vfork)(void);
-	int (*execve)(const char *, char *const[], char *const[]);
-	int (*execvpe)(const char *, char *const[], char *const[]);
-	int (*fexecve)(int, char *const[], char *const[]);
-	int (*execveat)(int, const char *, char *const[], char *const[], int);
-	int (*spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
-		     char *const[], char *const[]);
-	int (*spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
-		      char *const[], char *const[]);
-	void (*_exit)(int) __attribute__((noreturn));
-	/* Reached through GOT slots the shim rewrites, not exported. */
-	int (*madvise)(void *, size_t, int);
-	int (*munmap)(void *, size_t);
-	void *(*mmap)(void *, size_t, int, int, int, off_t);
-	void *(*mremap)(void *, size_t, size_t, int, ...);
-	int (*brk)(void *);
-	void *(*sbrk)(intptr_t);
-	void *(*dlopen)(const char *, int);
-	void *(*dlmopen)(Lmid_t, const char *, int);
-	int (*dlclose)(void *);
-} real;
+struct real_fns real;
 
 /* dlsym may call calloc (for its error state) before the real allocator is
  * known: those calls are served from here and never freed. Each block
@@ -71,11 +12,9 @@ static struct {
 #define BOOT_HDR 16
 static char boot_heap[64 << 10] __attribute__((aligned(16)));
 static size_t boot_used;
-static __thread int resolving;
-struct tstate;
-static struct tstate *tstate_self(void);
+__thread int resolving;
 
-static void *boot_alloc(size_t n)
+void *boot_alloc(size_t n)
 {
 	if (n > sizeof(boot_heap))
 		return NULL;
@@ -87,35 +26,26 @@ static void *boot_alloc(size_t n)
 	return boot_heap + at + BOOT_HDR; /* static memory: already zero */
 }
 
-static int is_boot(const void *p)
+int is_boot(const void *p)
 {
 	return (const char *)p >= boot_heap && (const char *)p < boot_heap + sizeof(boot_heap);
 }
 
 /* The size a bootstrap block was asked for. */
-static size_t boot_size(const void *p)
+size_t boot_size(const void *p)
 {
 	return *(const size_t *)((const char *)p - BOOT_HDR);
 }
 
-/* Preloaded, the next definition after the shim's; injected (loaded
- * locally by dlopen, after every binding was made), the one the program's
- * own references bound to. */
-#ifdef HOOKTRACE_INJECT
-#define REAL_SCOPE RTLD_DEFAULT
-#else
-#define REAL_SCOPE RTLD_NEXT
-#endif
 #define RESOLVE(field, name) real.field = dlsym(REAL_SCOPE, name)
 
-static void resolve_real(void)
+void resolve_real(void)
 {
 	if (resolving)
 		return;
-	int saved = errno, guard = *(int *)tstate_self();
+	int saved = errno, guard = ts.guard;
 	resolving = 1;
-	int *g = (int *)tstate_self(); /* guard is the first field */
-	*g = 1; /* what dlsym allocates is the shim's, not the target's */
+	ts.guard = 1; /* what dlsym allocates is the shim's, not the target's */
 	RESOLVE(calloc, "calloc");
 	RESOLVE(malloc, "malloc");
 	RESOLVE(realloc, "realloc");
@@ -173,6 +103,6 @@ static void resolve_real(void)
 	RESOLVE(dlmopen, "dlmopen");
 	RESOLVE(dlclose, "dlclose");
 	resolving = 0;
-	*(int *)tstate_self() = guard;
+	ts.guard = guard;
 	errno = saved;
 }

@@ -1,23 +1,11 @@
-/* Part of shim.c, which includes it: threads' state, stacks and events: the held set and the chain cache. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): threads' state, stacks and events: the held set and the chain cache. */
+#include "shim.h"
 
 /* ---- threads ------------------------------------------------------------ */
 
-static void count_call(struct tstate *t, __u32 op)
-{
-	/* One instruction, so a signal handler's count on this thread (which
-	 * lands between instructions) is never lost; no lock prefix: the
-	 * slot has one writer. */
-	if (likely(t->calls != NULL))
-		__asm__ volatile("incq %0" : "+m"(t->calls[op]));
-	else
-		__atomic_fetch_add(H64(SHM_OFF_SHARED) + op, 1, __ATOMIC_RELAXED);
-}
-
 /* Sets up a thread's state for this process: its TID (one syscall per
  * thread), its counter slot. */
-static int find_mapping(__u64 addr, __u64 *lo_out, __u64 *hi_out, int *writable);
-
-static void thread_init(struct tstate *t)
+void thread_init(struct tstate *t)
 {
 	int saved = errno, guard = t->guard;
 	memset(t, 0, sizeof(*t));
@@ -52,10 +40,8 @@ static void thread_init(struct tstate *t)
 	errno = saved;
 }
 
-static void exec_event(struct tstate *t);
-
 /* enter's first call in a process, after a fork, or on a new thread. */
-static __attribute__((noinline, cold)) struct tstate *enter_slow(struct tstate *t)
+__attribute__((noinline, cold)) struct tstate *enter_slow(struct tstate *t)
 {
 	int first = 0;
 	if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2) {
@@ -77,41 +63,6 @@ static __attribute__((noinline, cold)) struct tstate *enter_slow(struct tstate *
 	return t;
 }
 
-/* The calling thread's state when it records, or NULL. Sets the guard.
- * One test of each flag on the way in; the rest in enter_slow. */
-HOT struct tstate *enter(void)
-{
-	struct tstate *t = &ts;
-	if (t->guard)
-		return NULL;
-	if (unlikely(__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2 || forking || t->inited != shim_gen))
-		return enter_slow(t);
-	if (!active)
-		return NULL;
-	t->guard = 1;
-	return t;
-}
-
-/* enter for an interposed call of op. Inside the shim (the guard is set)
- * the call is forwarded unrecorded, but counted when it is the target's:
- * a signal handler that interrupted the shim, not the shim's own
- * bootstrap. */
-HOT struct tstate *enter_op(__u32 op)
-{
-	struct tstate *t = &ts;
-	if (unlikely(t->guard)) {
-		if (t->inited == shim_gen && active && !resolving && !vf.child)
-			count_call(t, op);
-		return NULL;
-	}
-	return enter();
-}
-
-static void leave(struct tstate *t)
-{
-	t->guard = 0;
-}
-
 /* ---- stacks ------------------------------------------------------------- */
 
 /* The frame-pointer chain from an interposer's frame: fn (the real
@@ -120,7 +71,6 @@ static void leave(struct tstate *t)
  * the live stack, so code built without frame pointers (which leaves
  * anything in rbp) ends the walk instead of faulting. At a return (fn 0)
  * the caller comes first, as at the BPF side's return probes. */
-#define WALK_SPAN (64 << 10) /* how far up a user-level thread's stack a walk reads */
 static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *truncated)
 {
 	__u32 n = 0;
@@ -147,7 +97,7 @@ static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *tru
 
 /* Sends the stack in r (once per hash, as far as this process knows) and
  * returns its hash. */
-static __u64 send_stack(struct stack *r, __u32 nr, int truncated)
+__u64 send_stack(struct stack *r, __u32 nr, int truncated)
 {
 	__u64 hash = 0xcbf29ce484222325ULL ^ my_pid;
 	for (__u32 i = 0; i < nr; i++) {
@@ -171,7 +121,7 @@ static __u64 send_stack(struct stack *r, __u32 nr, int truncated)
 	return hash;
 }
 
-static __u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
+__u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
 {
 	struct stack r;
 	int truncated;
@@ -181,7 +131,7 @@ static __u64 take_stack(struct tstate *t, __u64 fn, __u64 *frame)
 
 /* Raw stack memory from sp up, with the registers a probe at ip would
  * see, for hooktrace's .eh_frame unwinder; returns its id (top bit set). */
-static __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __u64 until)
+__u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __u64 until)
 {
 	__u64 len = SAMPLE_BYTES;
 	if (until > sp && until - sp + 2048 < len)
@@ -233,7 +183,7 @@ static __u64 take_sample(struct tstate *t, __u64 fn, __u64 *frame)
 
 /* ---- events ------------------------------------------------------------- */
 
-static void event_init(struct event *e, struct tstate *t, __u32 op)
+void event_init(struct event *e, struct tstate *t, __u32 op)
 {
 	memset(e, 0, sizeof(*e));
 	e->type = REC_EVENT;
@@ -243,13 +193,13 @@ static void event_init(struct event *e, struct tstate *t, __u32 op)
 	e->time = now();
 }
 
-static void event_send(struct event *e)
+void event_send(struct event *e)
 {
 	ring_output(e, sizeof(*e), REC_EVENT);
 }
 
 /* A sample inside an allocator call, a frame-pointer stack otherwise. */
-static void send_with_stack(struct tstate *t, struct event *e, __u64 fn, __u64 *frame)
+void send_with_stack(struct tstate *t, struct event *e, __u64 fn, __u64 *frame)
 {
 	if ((e->flags & F_IN_ALLOC) && (cfg_flags & SHM_F_SAMPLES) && fn)
 		e->stack = take_sample(t, fn, frame);
@@ -259,41 +209,21 @@ static void send_with_stack(struct tstate *t, struct event *e, __u64 fn, __u64 *
 }
 
 /* The lock's attributes the analyzer uses, as Event.Arg: a mutex's type
- * (__kind, offset 16 on x86-64 glibc), a rwlock's preference (__flags,
- * offset 48: PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP makes reads
- * queue behind writers). */
-static __u32 mutex_kind(__u32 op, __u64 lock)
+ * (__kind), a rwlock's preference (__flags:
+ * PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP makes reads queue behind
+ * writers). */
+__u32 mutex_kind(__u32 op, __u64 lock)
 {
 	if (!lock)
 		return 0;
 	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY)
-		return *(__u32 *)(lock + 16);
+		return *(__u32 *)(lock + GLIBC_MUTEX_KIND_OFFSET);
 	if (op >= OP_RWLOCK_RDLOCK && op <= OP_RWLOCK_CLOCKWRLOCK)
-		return *(__u32 *)(lock + 48);
+		return *(__u32 *)(lock + GLIBC_RWLOCK_FLAGS_OFFSET);
 	return 0;
 }
 
-/* The held set's part of a chain key, kept as the locks come and go
- * rather than hashed on every call: a sum (not a xor) of each address
- * mixed, so that a lock held twice still counts. The edges an acquisition
- * adds do not depend on the order the held locks were taken in. */
-static inline __u64 held_mix(__u64 addr)
-{
-	addr ^= addr >> 31;
-	return addr * 0xbf58476d1ce4e5b9ULL;
-}
-
-static void held_push(struct tstate *t, __u64 addr, __u32 op, __u32 kind, __u64 stack, __u64 time, __u16 sent)
-{
-	__u32 i = t->nheld;
-	if (i >= MAX_HELD)
-		return;
-	t->held_locks[i] = (struct held_lock){addr, stack, time, kind, (__u16)op, sent};
-	t->nheld = i + 1;
-	t->held_sum += held_mix(addr);
-}
-
-static int held_pop(struct tstate *t, __u64 addr)
+int held_pop(struct tstate *t, __u64 addr)
 {
 	for (int i = (int)t->nheld - 1; i >= 0; i--) {
 		if (t->held_locks[i].addr != addr)
@@ -306,21 +236,6 @@ static int held_pop(struct tstate *t, __u64 addr)
 		return sent;
 	}
 	return -1;
-}
-
-/* The chain key: independent products the CPU multiplies in parallel,
- * then one finalizer, so that the low bits (the caches' index) mix all. */
-HOT __u64 pattern_key(struct tstate *t, __u32 op, __u64 lock, __u64 site)
-{
-	__u64 h = t->held_sum;
-	h += (lock ^ 0x9e3779b97f4a7c15ULL) * 0x94d049bb133111ebULL;
-	h += (site ^ 0xc2b2ae3d27d4eb4fULL) * 0xff51afd7ed558ccdULL;
-	h += ((__u64)op | ((__u64)my_pid << 32)) * 0xc4ceb9fe1a85ec53ULL;
-	h += __atomic_load_n(&lock_epoch, __ATOMIC_RELAXED) * 0x165667b19e3779f9ULL;
-	h ^= h >> 32;
-	h *= 0xd6e8feb86659fd93ULL;
-	h ^= h >> 32;
-	return h ? h : 1;
 }
 
 /* Whether op is recorded at its return, where its result says whether it
@@ -346,7 +261,7 @@ static int acquired_at_return(__u32 op)
 /* Sends the acquisition of h, the i-th lock t holds, at its own time if
  * it has one; returns the event sent. A try or timed acquisition is its
  * successful return, as rec_try_result sends it. */
-static struct event send_held(struct tstate *t, const struct held_lock *h, __u32 i)
+struct event send_held(struct tstate *t, const struct held_lock *h, __u32 i)
 {
 	struct event e;
 	event_init(&e, t, h->op);
@@ -362,7 +277,7 @@ static struct event send_held(struct tstate *t, const struct held_lock *h, __u32
 	return e;
 }
 
-static void flush_held(struct tstate *t)
+void flush_held(struct tstate *t)
 {
 	for (__u32 i = 0; i < t->nheld; i++) {
 		struct held_lock *h = &t->held_locks[i];
@@ -373,30 +288,7 @@ static void flush_held(struct tstate *t)
 	}
 }
 
-#define CHAIN_MASK ((1 << 16) - 1)
-
-/* The stack hash a pattern was sent with (bit 62 set, so never 0), or 0
- * when the pattern is new. */
-HOT __u64 pattern_seen(struct tstate *t, __u64 key)
-{
-	__u32 c = key & (PATTERN_CACHE - 1);
-	if (t->cache_key[c] == key)
-		return t->cache_stack[c];
-	for (__u32 i = 0; i < 8; i++) {
-		__u32 at = (key + i) & CHAIN_MASK;
-		__u64 k = __atomic_load_n(&chain_keys[at], __ATOMIC_ACQUIRE);
-		if (k == 0)
-			return 0;
-		if (k == key) {
-			t->cache_key[c] = key;
-			t->cache_stack[c] = __atomic_load_n(&chain_vals[at], __ATOMIC_RELAXED) | (1ULL << 62);
-			return t->cache_stack[c];
-		}
-	}
-	return 0;
-}
-
-static void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
+void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
 {
 	for (__u32 i = 0; i < 8; i++) {
 		__u32 at = (key + i) & CHAIN_MASK;
@@ -407,17 +299,12 @@ static void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
 			break;
 		}
 	}
-	__u32 c = key & (PATTERN_CACHE - 1);
+	__u32 c = key & (SHIM_PATTERN_CACHE - 1);
 	t->cache_key[c] = key;
 	t->cache_stack[c] = stack | (1ULL << 62);
 }
 
-static int dedupable(struct tstate *t)
-{
-	return !(cfg_flags & SHM_F_FULL) && t->held >= 0 && (__u32)t->held == t->nheld;
-}
-
-static void alloc_context(struct tstate *t, struct event *e)
+void alloc_context(struct tstate *t, struct event *e)
 {
 	if (!t->shared.alloc_depth)
 		return;
@@ -427,7 +314,7 @@ static void alloc_context(struct tstate *t, struct event *e)
 
 /* A memory system call's event, counted, with the fields the BPF side's
  * sys_enter gives it; the caller adds its stack. */
-static void mem_event(struct tstate *t, struct event *e, __u32 op, __u64 addr, __u64 size, __u64 arg)
+void mem_event(struct tstate *t, struct event *e, __u32 op, __u64 addr, __u64 size, __u64 arg)
 {
 	count_call(t, op);
 	event_init(e, t, op);
@@ -443,7 +330,7 @@ static void mem_event(struct tstate *t, struct event *e, __u32 op, __u64 addr, _
  * its pattern, 0 when it is not one (nested, or a free that may end a
  * lock's lifetime, or held locks that overflowed). Out of line, so that the
  * call that is only counted pays no frame for the event. */
-static __attribute__((noinline)) void send_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr,
+__attribute__((noinline)) void send_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr,
 						 __u64 size, __u64 arg, __u64 outer, __u64 key)
 {
 	flush_held(t);
@@ -463,49 +350,9 @@ static __attribute__((noinline)) void send_alloc(struct tstate *t, __u32 op, __u
 		pattern_sent(t, key, e.stack);
 }
 
-/* An allocator call's entry. Returns nothing: the call is made by the
- * interposer, inside alloc_depth. Inlined into each interposer: most calls
- * are only counted. */
-HOT void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 addr, __u64 size, __u64 arg)
-{
-	count_call(t, op);
-	if (t->shared.alloc_depth > 0) {
-		/* Nested: a hook the allocator ran allocates. alloc_op is never
-		 * 0 there, so outer is never 0. */
-		send_alloc(t, op, fn, frame, addr, size, arg,
-			   t->shared.alloc_op | ((__u64)t->shared.alloc_seq << 16), 0);
-		return;
-	}
-	t->shared.alloc_seq++;
-	t->shared.alloc_op = op;
-	t->shared.alloc_sp = (__u64)&frame[1];
-	if (cfg_flags & SHM_F_FULL) {
-		send_alloc(t, op, fn, frame, addr, size, arg, 0, 0);
-		return;
-	}
-	/* A free that may end a lock's lifetime is sent: the analysis ends
-	 * the locks in the chunk it names. */
-	if (op == OP_FREE && free_covers_lock(addr, size)) {
-		lifetime_changed();
-		send_alloc(t, op, fn, frame, addr, size, arg, 0, 0);
-		return;
-	}
-	if (t->held <= 0)
-		return;
-	__u64 key = 0;
-	if (dedupable(t)) {
-		key = pattern_key(t, op, 0, frame[1]);
-		if (pattern_seen(t, key))
-			return;
-	}
-	send_alloc(t, op, fn, frame, addr, size, arg, 0, key);
-}
-
-/* A blocking acquisition, recorded at entry as the BPF side does: a thread
- * that then blocks for good is seen waiting. */
 /* An acquisition rec_acquire found new: sent with its stack. Out of line,
  * as send_alloc. */
-static __attribute__((noinline)) void send_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame,
+__attribute__((noinline)) void send_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame,
 						   __u64 key)
 {
 	flush_held(t);
@@ -525,26 +372,8 @@ static __attribute__((noinline)) void send_acquire(struct tstate *t, __u32 op, _
 		pattern_sent(t, key, e.stack);
 }
 
-HOT void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
-{
-	count_call(t, op);
-	__u64 key = 0;
-	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
-		key = pattern_key(t, op, lock, 0);
-		__u64 known = pattern_seen(t, key);
-		if (known) {
-			/* No clock read here (the vDSO's is a fifth of this path):
-			 * if the acquisition is ever sent, flush_held stamps it. */
-			held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
-			t->held++;
-			return;
-		}
-	}
-	send_acquire(t, op, lock, fn, frame, key);
-}
-
 /* A release whose acquisition was sent. */
-static __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, __u64 lock)
+__attribute__((noinline)) void send_release(struct tstate *t, __u32 op, __u64 lock)
 {
 	struct event e;
 	event_init(&e, t, op);
@@ -559,24 +388,16 @@ static __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, _
  * BPF side reads it: whether it is held, and by which thread where it
  * names one (a mutex's __owner, a rwlock's writer; 0 for readers, nobody,
  * or a spinlock, whose word is 1 when unlocked). */
-static int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
+int lock_word_holder(__u32 op, __u64 lock, __u32 *holder)
 {
-	const volatile __u32 *w = (const volatile __u32 *)lock;
 	*holder = 0;
 	if (op == OP_SPIN_UNLOCK) /* a spinlock's word names no holder */
-		return *(const volatile __s32 *)lock <= 0;
-	if (op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY) {
-		*holder = w[GLIBC_MUTEX_OWNER_OFFSET / 4];
-		return w[GLIBC_MUTEX_LOCK_OFFSET / 4] != 0;
-	}
-	__u32 readers = w[GLIBC_RWLOCK_READERS_OFFSET / 4];
-	if (readers & GLIBC_RWLOCK_WRLOCKED)
-		*holder = w[GLIBC_RWLOCK_WRITER_OFFSET / 4];
-	return (readers & GLIBC_RWLOCK_WRLOCKED) || (readers >> GLIBC_RWLOCK_READER_SHIFT);
+		return glibc_spin_held(*(const volatile __s32 *)lock);
+	return glibc_lock_held(op >= OP_MUTEX_LOCK && op <= OP_MUTEX_DESTROY, (const __u32 *)lock, holder);
 }
 
 /* A misuse: sent with its stack and the holder the lock's word names. */
-static __attribute__((noinline)) void send_misuse(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u16 flags,
+__attribute__((noinline)) void send_misuse(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u16 flags,
 						  __u32 holder, __u64 fn, __u64 *frame)
 {
 	struct event e;
@@ -590,29 +411,13 @@ static __attribute__((noinline)) void send_misuse(struct tstate *t, __u32 op, __
 	send_with_stack(t, &e, fn, frame);
 }
 
-HOT void rec_release(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
-{
-	count_call(t, op);
-	int sent = held_pop(t, lock);
-	if (t->held > 0)
-		t->held--;
-	if (unlikely(sent < 0)) {
-		/* The thread does not hold it. */
-		__u32 holder;
-		lock_word_holder(op, lock, &holder);
-		send_misuse(t, op, lock, 0, 0, holder, fn, frame);
-	} else if (sent != 0) {
-		send_release(t, op, lock); /* else its acquisition was only counted: so is its release */
-	}
-}
-
 /* A try, timed or clock acquisition's result (counted at entry). In
  * aggregate mode a failure is only counted (the analysis takes nothing
  * from it: no lock is held, no order is implied), and a success whose
  * pattern was sent is held unsent, as rec_acquire holds a known
  * acquisition: a lock taken by trylock in a hot loop (jemalloc's mutexes
  * are) costs what a lock call does. */
-static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret, __u64 *frame)
+void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret, __u64 *frame)
 {
 	__u64 key = 0;
 	if (dedupable(t) && !t->shared.alloc_depth) {
@@ -656,7 +461,7 @@ static void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, 
  * lock ends it too), so every pattern is new again. An init is sent with
  * its stack, which names a heap lock, and registers the lock's page; a
  * destroy goes without (rec_destroy says when not), as on the BPF side. */
-static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
+void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
 	lifetime_changed();
@@ -678,7 +483,7 @@ static void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u6
  * sent with its stack, after the thread's held locks whose acquisitions
  * were only counted (the analysis names the holder's acquisition), as the
  * BPF side does; the others go without. */
-static void rec_destroy(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
+void rec_destroy(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
 {
 	__u32 holder;
 	if (op != OP_SPIN_DESTROY && lock_word_holder(op, lock, &holder)) {

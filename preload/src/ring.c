@@ -1,8 +1,9 @@
-/* Part of shim.c, which includes it: the ring in shared memory: reserve, commit, and a full ring's wait. */
+/* Part of the shim (shim.c includes it; shim.h declares what the parts share): the ring in shared memory: reserve, commit, and a full ring's wait. */
+#include "shim.h"
 
 /* ---- the ring ----------------------------------------------------------- */
 
-static void count_lost(__u32 type)
+void count_lost(__u32 type)
 {
 	__atomic_fetch_add(H64(SHM_OFF_LOST) + (type & 3), 1, __ATOMIC_RELAXED);
 }
@@ -18,7 +19,7 @@ static void pause_10us(void)
 /* Starts a record; returns 0 when the image is ending in another thread,
  * whose end would cut the record short: the call is counted, not
  * recorded. */
-static int write_begin(void)
+int write_begin(void)
 {
 	__u32 *flag = ts.writing;
 	if (likely(flag != NULL)) {
@@ -39,7 +40,7 @@ static int write_begin(void)
 	return 1;
 }
 
-static void write_end(void)
+void write_end(void)
 {
 	if (likely(ts.writing != NULL))
 		__atomic_store_n(ts.writing, 0, __ATOMIC_RELEASE);
@@ -60,7 +61,7 @@ static void wait_unflagged(__u32 *flag)
 }
 
 /* How many per-thread slots the process's threads have taken. */
-static __u32 slots_taken(void)
+__u32 slots_taken(void)
 {
 	__u32 n = __atomic_load_n(H32(SHM_OFF_NEXT_SLOT), __ATOMIC_RELAXED);
 	return n < SHM_SLOTS ? n : SHM_SLOTS;
@@ -68,7 +69,7 @@ static __u32 slots_taken(void)
 
 /* This thread ends the image: no other thread starts a record from now on,
  * and the records under way are finished first. */
-static void end_writes(struct tstate *self)
+void end_writes(struct tstate *self)
 {
 	__atomic_store_n(&closing_tid, self->shared.tid, __ATOMIC_SEQ_CST);
 	__u32 n = slots_taken();
@@ -81,9 +82,9 @@ static void end_writes(struct tstate *self)
 /* Reserves room for a body of len bytes and returns where it goes, or NULL
  * (counted as lost) when the reader has not made room within a bounded
  * wait. *seq_at receives the position to publish. */
-static int reader_stalled;
+int reader_stalled;
 
-static unsigned char *ring_reserve(__u32 len, __u64 *pos_out)
+unsigned char *ring_reserve(__u32 len, __u64 *pos_out)
 {
 	__u64 need = (SHM_REC_HDR + len + 15) & ~15ULL, size = ring_mask + 1;
 	__u64 *headp = H64(SHM_OFF_HEAD), *tailp = H64(SHM_OFF_TAIL);
@@ -128,12 +129,12 @@ static unsigned char *ring_reserve(__u32 len, __u64 *pos_out)
 	}
 }
 
-static void ring_commit(unsigned char *body, __u64 pos)
+void ring_commit(unsigned char *body, __u64 pos)
 {
 	__atomic_store_n((__u64 *)(body - SHM_REC_HDR), pos + 1, __ATOMIC_RELEASE);
 }
 
-static void ring_output(const void *rec, __u32 len, __u32 type)
+void ring_output(const void *rec, __u32 len, __u32 type)
 {
 	if (!write_begin())
 		return;

@@ -10,58 +10,8 @@
  * allocator function, errno and return values untouched, and a thread-local
  * guard so the shim's own calls (and a signal handler that lands inside the
  * shim) are forwarded unrecorded. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <limits.h>
-#include <link.h>
-#include <elf.h>
-#include <fcntl.h>
-#include <gnu/libc-version.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <sys/auxv.h>
-#include <ucontext.h>
-#include <errno.h>
-#include <pthread.h>
-#include <sched.h>
-#include <spawn.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/resource.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <linux/types.h> /* __u32 and friends, as hooktrace.h uses them */
-#include "hooktrace.h"
-#include "shm.h"
-
-#define EXPORT __attribute__((visibility("default")))
-#define likely(x) __builtin_expect(!!(x), 1)
-#define unlikely(x) __builtin_expect(!!(x), 0)
-/* The hot path of every interposer: what a call that is only counted runs. */
-#define HOT static inline __attribute__((always_inline))
-#define MAX_HELD 8
-/* The injected build (HOOKTRACE_INJECT, inject.c) is loaded into a running
- * process by dlopen, where initial-exec TLS must fit in the static TLS
- * block's surplus (about 1.5 KiB with glibc's defaults): its per-thread
- * caches are smaller. */
-#ifdef HOOKTRACE_INJECT
-#define PATTERN_CACHE 16 /* a power of two */
-#define SHADOW_SLOTS 8
-#define VFORK_LEVELS 2
-#define INJECTED 1
-#else
-#define INJECTED 0
-#define PATTERN_CACHE 64 /* a power of two */
-#define SHADOW_SLOTS 32
-#define VFORK_LEVELS 8
-#endif
+#define SHIM_UNITY
+#include "shim.h"
 
 /* The shim is one translation unit, so that its hot path inlines across
  * what each part owns; the parts are included here, in this order. */

@@ -5,6 +5,7 @@
  * types' BTF. */
 #include <linux/types.h>
 #include "../../../bpf/hooktrace.h"
+#include "../../../bpf/glibc.h"
 
 const struct event *unused_event __attribute__((unused));
 const struct stack *unused_stack __attribute__((unused));
