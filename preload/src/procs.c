@@ -293,53 +293,75 @@ static void inherit_held(struct tstate *t, const struct held_lock *from, __u32 n
 	}
 }
 
-#define FORK(field)                                                            \
-	ENSURE(field);                                                         \
-	if (!real.field) {                                                     \
-		errno = ENOSYS;                                                \
-		return -1;                                                     \
-	}                                                                      \
-	fork_from.tid = 0;                                                     \
-	struct tstate *t = enter();                                            \
-	if (t) {                                                               \
-		fork_from.pid = my_pid;                                        \
-		fork_from.tid = t->shared.tid;                                        \
-		fork_from.stack = take_stack(t, (__u64)real.field, FRAME);     \
-		leave(t);                                                      \
-	}                                                                      \
-	forking = 1;                                                           \
-	pid_t r = real.field();                                                \
-	if (r == 0) {                                                          \
-		if (forking) /* not yet done by a fork handler's call */     \
-			after_fork_child();                                    \
-		return 0;                                                      \
-	}                                                                      \
-	forking = 0;                                                           \
-	if (r > 0 && fork_from.tid && !(cfg_flags & SHM_F_FOLLOW)) {           \
-		int saved = errno;                                             \
-		t = enter();                                                   \
-		if (t) {                                                       \
-			process_created_from(t, fork_from.pid, fork_from.tid, r, fork_from.stack); \
-			leave(t);                                              \
-		}                                                              \
-		errno = saved;                                                 \
-	}                                                                      \
+/* fork's entry and return, around the real call. At entry: who forks,
+ * with its stack, for the creation record. At return (r the result): the
+ * child's state starts afresh, unless a fork handler's call did that
+ * already; a parent whose child does not record writes the creation. */
+HOT void fork_enter(__u64 fn, __u64 *frame)
+{
+	fork_from.tid = 0;
+	struct tstate *t = enter();
+	if (t) {
+		fork_from.pid = my_pid;
+		fork_from.tid = t->shared.tid;
+		fork_from.stack = take_stack(t, fn, frame);
+		leave(t);
+	}
+	forking = 1;
+}
+
+HOT pid_t fork_exit(pid_t r)
+{
+	if (r == 0) {
+		if (forking)
+			after_fork_child();
+		return 0;
+	}
+	forking = 0;
+	if (r > 0 && fork_from.tid && !(cfg_flags & SHM_F_FOLLOW)) {
+		int saved = errno;
+		struct tstate *t = enter();
+		if (t) {
+			process_created_from(t, fork_from.pid, fork_from.tid, r, fork_from.stack);
+			leave(t);
+		}
+		errno = saved;
+	}
 	return r;
+}
 
 EXPORT pid_t fork(void)
 {
-	FORK(fork)
+	ENSURE(fork);
+	if (!real.fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	fork_enter((__u64)real.fork, FRAME);
+	return fork_exit(real.fork());
 }
 
 EXPORT pid_t __fork(void)
 {
-	FORK(fork)
+	ENSURE(fork);
+	if (!real.fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	fork_enter((__u64)real.fork, FRAME);
+	return fork_exit(real.fork());
 }
 
 /* fork without the fork handlers (async-signal-safe). */
 EXPORT pid_t _Fork(void)
 {
-	FORK(_Fork)
+	ENSURE(_Fork);
+	if (!real._Fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	fork_enter((__u64)real._Fork, FRAME);
+	return fork_exit(real._Fork());
 }
 
 /* vfork keeps its semantics (the child borrows the parent's memory and
@@ -552,38 +574,68 @@ static void exec_env_done(struct exec_env *x)
 	errno = saved;
 }
 
-#define EXEC_WITH_ENV(field, envp, child, call)             \
-	ENSURE(field);                                      \
-	if (!real.field) {                                  \
-		errno = ENOSYS;                             \
-		return -1;                                  \
-	}                                                   \
-	struct exec_env x;                                  \
-	char *const *env = exec_env(&x, envp, child);       \
-	if (envp && !env)                                   \
-		return -1;                                  \
-	int r = call;                                       \
-	exec_env_done(&x);                                  \
-	return r;
-
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
-	EXEC_WITH_ENV(execve, envp, 0, real.execve(path, argv, env))
+	ENSURE(execve);
+	if (!real.execve) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.execve(path, argv, env);
+	exec_env_done(&x);
+	return r;
 }
 
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-	EXEC_WITH_ENV(execvpe, envp, 0, real.execvpe(file, argv, env))
+	ENSURE(execvpe);
+	if (!real.execvpe) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.execvpe(file, argv, env);
+	exec_env_done(&x);
+	return r;
 }
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
-	EXEC_WITH_ENV(fexecve, envp, 0, real.fexecve(fd, argv, env))
+	ENSURE(fexecve);
+	if (!real.fexecve) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.fexecve(fd, argv, env);
+	exec_env_done(&x);
+	return r;
 }
 
 EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags)
 {
-	EXEC_WITH_ENV(execveat, envp, 0, real.execveat(dirfd, path, argv, env, flags))
+	ENSURE(execveat);
+	if (!real.execveat) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.execveat(dirfd, path, argv, env, flags);
+	exec_env_done(&x);
+	return r;
 }
 
 /* The calls that take the environment from environ are execve's and
