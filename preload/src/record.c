@@ -423,15 +423,8 @@ void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret
 	if (dedupable(t) && !t->shared.alloc_depth) {
 		if (ret != 0)
 			return;
-		if (t->nheld < MAX_HELD) {
-			key = pattern_key(t, op, lock, 0);
-			__u64 known = pattern_seen(t, key);
-			if (known) {
-				held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
-				t->held++;
-				return;
-			}
-		}
+		if (t->nheld < MAX_HELD && held_known(t, op, lock, &key))
+			return;
 	}
 	flush_held(t);
 	struct event e;

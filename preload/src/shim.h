@@ -575,23 +575,29 @@ HOT void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 add
 	send_alloc(t, op, fn, frame, addr, size, arg, 0, key);
 }
 
+/* An acquisition of lock whose pattern was sent before is held unsent,
+ * only counted; returns whether it was. *key gets the pattern either way.
+ * No clock read here (the vDSO's is a fifth of this path): if the
+ * acquisition is ever sent, flush_held stamps it. */
+HOT int held_known(struct tstate *t, __u32 op, __u64 lock, __u64 *key)
+{
+	*key = pattern_key(t, op, lock, 0);
+	__u64 known = pattern_seen(t, *key);
+	if (!known)
+		return 0;
+	held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
+	t->held++;
+	return 1;
+}
+
 /* A blocking acquisition, recorded at entry as the BPF side does: a thread
  * that then blocks for good is seen waiting. */
 HOT void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
 	__u64 key = 0;
-	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
-		key = pattern_key(t, op, lock, 0);
-		__u64 known = pattern_seen(t, key);
-		if (known) {
-			/* No clock read here (the vDSO's is a fifth of this path):
-			 * if the acquisition is ever sent, flush_held stamps it. */
-			held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
-			t->held++;
-			return;
-		}
-	}
+	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth && held_known(t, op, lock, &key))
+		return;
 	send_acquire(t, op, lock, fn, frame, key);
 }
 
