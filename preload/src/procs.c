@@ -100,11 +100,7 @@ static __u64 thread_stack_size(const pthread_attr_t *attr)
 	size_t size = 0;
 	if (attr)
 		return pthread_attr_getstacksize(attr, &size) == 0 ? size : 0;
-	struct rlimit rl;
-	size = 8 << 20;
-	if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < size)
-		size = rl.rlim_cur;
-	return size;
+	return stack_limit(8 << 20);
 }
 
 /* The lowest address of a thread's own stack that walks and samples may

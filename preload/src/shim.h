@@ -321,6 +321,7 @@ SHARED size_t boot_size(const void *p);
 /* state.c */
 SHARED __u64 real_ret(struct tstate *t, __u64 slot, __u64 v);
 SHARED __u64 readable_top(struct tstate *t, __u64 sp, __u64 span);
+SHARED __u64 stack_limit(__u64 cap);
 SHARED int in_shim(__u64 pc);
 SHARED __u64 now(void);
 SHARED void announce_shared(void);

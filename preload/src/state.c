@@ -107,6 +107,25 @@ __u64 readable_top(struct tstate *t, __u64 sp, __u64 span)
 	return top < end ? top : end;
 }
 
+/* RLIMIT_STACK's soft limit, at most cap (which an unlimited or unknown
+ * one gives): the main thread's stack grows down to it, and glibc sizes a
+ * thread created without attributes by it. Read once per process image,
+ * at its first use (the main thread's set-up, mostly), as glibc reads it
+ * once for its threads: not a system call per pthread_create. */
+__u64 stack_limit(__u64 cap)
+{
+	static __u64 limit; /* the limit + 1, 0 until read */
+	__u64 v = __atomic_load_n(&limit, __ATOMIC_RELAXED);
+	if (!v) {
+		struct rlimit rl;
+		v = ~0ULL;
+		if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+			v = (__u64)rl.rlim_cur + 1;
+		__atomic_store_n(&limit, v, __ATOMIC_RELAXED);
+	}
+	return v - 1 < cap ? v - 1 : cap;
+}
+
 /* The shim's own image: its frames (a thread's start routine returns into
  * thread_start) are not the target's. */
 extern const char __ehdr_start[] __attribute__((visibility("hidden")));
