@@ -646,43 +646,77 @@ EXPORT int execvp(const char *file, char *const argv[])
 	return execvpe(file, argv, environ);
 }
 
-/* The argument lists of execl and friends, collected on the stack as
- * glibc does. */
-#define COLLECT_ARGS(arg, argv, tail)                      \
-	va_list ap;                                        \
-	size_t argc = 1;                                   \
-	va_start(ap, arg);                                 \
-	while (va_arg(ap, char *) != NULL)                 \
-		argc++;                                    \
-	va_end(ap);                                        \
-	if (argc >= 1 << 20) {                             \
-		errno = E2BIG;                             \
-		return -1;                                 \
-	}                                                  \
-	char *argv[argc + 1];                              \
-	argv[0] = (char *)arg;                             \
-	va_start(ap, arg);                                 \
-	for (size_t i = 1; i <= argc; i++)                 \
-		argv[i] = va_arg(ap, char *);              \
-	tail;                                              \
-	va_end(ap);
+/* The argument lists of execl and friends are collected on the stack, as
+ * glibc does: count_args counts the arguments after the first up to the
+ * NULL that ends them (which argv keeps), and fill_args copies them after
+ * the first. A list too long for the stack is E2BIG. */
+#define MAX_LIST_ARGS (1 << 20)
+
+static size_t count_args(va_list *ap)
+{
+	size_t n = 0;
+	while (va_arg(*ap, char *) != NULL)
+		n++;
+	return n;
+}
+
+static void fill_args(char **argv, const char *arg, size_t n, va_list *ap)
+{
+	argv[0] = (char *)arg;
+	for (size_t i = 1; i <= n + 1; i++)
+		argv[i] = va_arg(*ap, char *);
+}
 
 EXPORT int execl(const char *path, const char *arg, ...)
 {
-	COLLECT_ARGS(arg, argv, )
+	va_list ap;
+	va_start(ap, arg);
+	size_t n = count_args(&ap);
+	va_end(ap);
+	if (n >= MAX_LIST_ARGS - 1) {
+		errno = E2BIG;
+		return -1;
+	}
+	char *argv[n + 2];
+	va_start(ap, arg);
+	fill_args(argv, arg, n, &ap);
+	va_end(ap);
 	return execve(path, argv, environ);
 }
 
 EXPORT int execlp(const char *file, const char *arg, ...)
 {
-	COLLECT_ARGS(arg, argv, )
+	va_list ap;
+	va_start(ap, arg);
+	size_t n = count_args(&ap);
+	va_end(ap);
+	if (n >= MAX_LIST_ARGS - 1) {
+		errno = E2BIG;
+		return -1;
+	}
+	char *argv[n + 2];
+	va_start(ap, arg);
+	fill_args(argv, arg, n, &ap);
+	va_end(ap);
 	return execvpe(file, argv, environ);
 }
 
+/* execle's environment follows the list's NULL. */
 EXPORT int execle(const char *path, const char *arg, ...)
 {
-	char *const *envp;
-	COLLECT_ARGS(arg, argv, envp = va_arg(ap, char *const *))
+	va_list ap;
+	va_start(ap, arg);
+	size_t n = count_args(&ap);
+	va_end(ap);
+	if (n >= MAX_LIST_ARGS - 1) {
+		errno = E2BIG;
+		return -1;
+	}
+	char *argv[n + 2];
+	va_start(ap, arg);
+	fill_args(argv, arg, n, &ap);
+	char *const *envp = va_arg(ap, char *const *);
+	va_end(ap);
 	return execve(path, argv, envp);
 }
 
