@@ -89,9 +89,10 @@ _Static_assert(SHM_SLOT_OPS >= OP_COUNT, "a counter slot has a counter for every
 #define CHAIN_SLOTS (1 << 16) /* the chain cache's entries */
 #define CHAIN_MASK (CHAIN_SLOTS - 1)
 #define STACKS_SENT_SLOTS (1 << 12)
-/* The lock pages' set: 2^LOCK_PAGE_BITS slots, a page looked for in
- * LOCK_PAGE_PROBES of them. */
-#define LOCK_PAGE_BITS 14
+/* The lock pages' set: 2^LOCK_PAGE_SET_BITS slots, a page looked for in
+ * LOCK_PAGE_PROBES of them. (The BPF side's LOCK_PAGE_BITS counts the bits
+ * of its filter in front of a hash map: another structure.) */
+#define LOCK_PAGE_SET_BITS 14
 #define LOCK_PAGE_PROBES 8
 /* A freed chunk of up to this many pages (256 KiB) is checked page by
  * page; a larger one within the bounds is taken to hold a lock. */
@@ -268,7 +269,7 @@ extern __u64 chain_keys[CHAIN_SLOTS]; /* the chain cache: pattern -> stack */
 extern __u64 chain_vals[CHAIN_SLOTS];
 extern __u64 stacks_sent[STACKS_SENT_SLOTS]; /* stack hashes sent (lossy: hooktrace dedups) */
 extern __u64 lock_epoch;
-extern __u64 lock_pages[1 << LOCK_PAGE_BITS];
+extern __u64 lock_pages[1 << LOCK_PAGE_SET_BITS];
 extern __u64 lock_page_lo, lock_page_hi;
 extern char shim_path[4096];
 extern char shm_env_entry[64];
@@ -501,7 +502,7 @@ static inline int dedupable(struct tstate *t)
 
 static inline __u32 lock_page_slot(__u64 page, __u32 i)
 {
-	return (__u32)(((page * 0x9e3779b97f4a7c15ULL) >> (64 - LOCK_PAGE_BITS)) + i) & ((1 << LOCK_PAGE_BITS) - 1);
+	return (__u32)(((page * 0x9e3779b97f4a7c15ULL) >> (64 - LOCK_PAGE_SET_BITS)) + i) & ((1 << LOCK_PAGE_SET_BITS) - 1);
 }
 
 static inline int lock_page_has(__u64 page)

@@ -35,7 +35,7 @@ __u64 lock_epoch;
  * numbers + 1, never emptied; a page that finds no room in its probe window
  * goes unregistered, as an evicted page does on the BPF side. The lowest
  * and highest pages let most frees answer with two compares. */
-__u64 lock_pages[1 << LOCK_PAGE_BITS];
+__u64 lock_pages[1 << LOCK_PAGE_SET_BITS];
 __u64 lock_page_lo = ~0ULL, lock_page_hi;
 
 /* What a new image needs to record too: the library's path as the loader
