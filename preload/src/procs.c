@@ -100,11 +100,7 @@ static __u64 thread_stack_size(const pthread_attr_t *attr)
 	size_t size = 0;
 	if (attr)
 		return pthread_attr_getstacksize(attr, &size) == 0 ? size : 0;
-	struct rlimit rl;
-	size = 8 << 20;
-	if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < size)
-		size = rl.rlim_cur;
-	return size;
+	return stack_limit(8 << 20);
 }
 
 /* The lowest address of a thread's own stack that walks and samples may
@@ -293,53 +289,75 @@ static void inherit_held(struct tstate *t, const struct held_lock *from, __u32 n
 	}
 }
 
-#define FORK(field)                                                            \
-	ENSURE(field);                                                         \
-	if (!real.field) {                                                     \
-		errno = ENOSYS;                                                \
-		return -1;                                                     \
-	}                                                                      \
-	fork_from.tid = 0;                                                     \
-	struct tstate *t = enter();                                            \
-	if (t) {                                                               \
-		fork_from.pid = my_pid;                                        \
-		fork_from.tid = t->shared.tid;                                        \
-		fork_from.stack = take_stack(t, (__u64)real.field, FRAME);     \
-		leave(t);                                                      \
-	}                                                                      \
-	forking = 1;                                                           \
-	pid_t r = real.field();                                                \
-	if (r == 0) {                                                          \
-		if (forking) /* not yet done by a fork handler's call */     \
-			after_fork_child();                                    \
-		return 0;                                                      \
-	}                                                                      \
-	forking = 0;                                                           \
-	if (r > 0 && fork_from.tid && !(cfg_flags & SHM_F_FOLLOW)) {           \
-		int saved = errno;                                             \
-		t = enter();                                                   \
-		if (t) {                                                       \
-			process_created_from(t, fork_from.pid, fork_from.tid, r, fork_from.stack); \
-			leave(t);                                              \
-		}                                                              \
-		errno = saved;                                                 \
-	}                                                                      \
+/* fork's entry and return, around the real call. At entry: who forks,
+ * with its stack, for the creation record. At return (r the result): the
+ * child's state starts afresh, unless a fork handler's call did that
+ * already; a parent whose child does not record writes the creation. */
+HOT void fork_enter(__u64 fn, __u64 *frame)
+{
+	fork_from.tid = 0;
+	struct tstate *t = enter();
+	if (t) {
+		fork_from.pid = my_pid;
+		fork_from.tid = t->shared.tid;
+		fork_from.stack = take_stack(t, fn, frame);
+		leave(t);
+	}
+	forking = 1;
+}
+
+HOT pid_t fork_exit(pid_t r)
+{
+	if (r == 0) {
+		if (forking)
+			after_fork_child();
+		return 0;
+	}
+	forking = 0;
+	if (r > 0 && fork_from.tid && !(cfg_flags & SHM_F_FOLLOW)) {
+		int saved = errno;
+		struct tstate *t = enter();
+		if (t) {
+			process_created_from(t, fork_from.pid, fork_from.tid, r, fork_from.stack);
+			leave(t);
+		}
+		errno = saved;
+	}
 	return r;
+}
 
 EXPORT pid_t fork(void)
 {
-	FORK(fork)
+	ENSURE(fork);
+	if (!real.fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	fork_enter((__u64)real.fork, FRAME);
+	return fork_exit(real.fork());
 }
 
 EXPORT pid_t __fork(void)
 {
-	FORK(fork)
+	ENSURE(fork);
+	if (!real.fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	fork_enter((__u64)real.fork, FRAME);
+	return fork_exit(real.fork());
 }
 
 /* fork without the fork handlers (async-signal-safe). */
 EXPORT pid_t _Fork(void)
 {
-	FORK(_Fork)
+	ENSURE(_Fork);
+	if (!real._Fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	fork_enter((__u64)real._Fork, FRAME);
+	return fork_exit(real._Fork());
 }
 
 /* vfork keeps its semantics (the child borrows the parent's memory and
@@ -552,38 +570,68 @@ static void exec_env_done(struct exec_env *x)
 	errno = saved;
 }
 
-#define EXEC_WITH_ENV(field, envp, child, call)             \
-	ENSURE(field);                                      \
-	if (!real.field) {                                  \
-		errno = ENOSYS;                             \
-		return -1;                                  \
-	}                                                   \
-	struct exec_env x;                                  \
-	char *const *env = exec_env(&x, envp, child);       \
-	if (envp && !env)                                   \
-		return -1;                                  \
-	int r = call;                                       \
-	exec_env_done(&x);                                  \
-	return r;
-
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
-	EXEC_WITH_ENV(execve, envp, 0, real.execve(path, argv, env))
+	ENSURE(execve);
+	if (!real.execve) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.execve(path, argv, env);
+	exec_env_done(&x);
+	return r;
 }
 
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-	EXEC_WITH_ENV(execvpe, envp, 0, real.execvpe(file, argv, env))
+	ENSURE(execvpe);
+	if (!real.execvpe) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.execvpe(file, argv, env);
+	exec_env_done(&x);
+	return r;
 }
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
-	EXEC_WITH_ENV(fexecve, envp, 0, real.fexecve(fd, argv, env))
+	ENSURE(fexecve);
+	if (!real.fexecve) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.fexecve(fd, argv, env);
+	exec_env_done(&x);
+	return r;
 }
 
 EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags)
 {
-	EXEC_WITH_ENV(execveat, envp, 0, real.execveat(dirfd, path, argv, env, flags))
+	ENSURE(execveat);
+	if (!real.execveat) {
+		errno = ENOSYS;
+		return -1;
+	}
+	struct exec_env x;
+	char *const *env = exec_env(&x, envp, 0);
+	if (envp && !env)
+		return -1;
+	int r = real.execveat(dirfd, path, argv, env, flags);
+	exec_env_done(&x);
+	return r;
 }
 
 /* The calls that take the environment from environ are execve's and
@@ -598,43 +646,77 @@ EXPORT int execvp(const char *file, char *const argv[])
 	return execvpe(file, argv, environ);
 }
 
-/* The argument lists of execl and friends, collected on the stack as
- * glibc does. */
-#define COLLECT_ARGS(arg, argv, tail)                      \
-	va_list ap;                                        \
-	size_t argc = 1;                                   \
-	va_start(ap, arg);                                 \
-	while (va_arg(ap, char *) != NULL)                 \
-		argc++;                                    \
-	va_end(ap);                                        \
-	if (argc >= 1 << 20) {                             \
-		errno = E2BIG;                             \
-		return -1;                                 \
-	}                                                  \
-	char *argv[argc + 1];                              \
-	argv[0] = (char *)arg;                             \
-	va_start(ap, arg);                                 \
-	for (size_t i = 1; i <= argc; i++)                 \
-		argv[i] = va_arg(ap, char *);              \
-	tail;                                              \
-	va_end(ap);
+/* The argument lists of execl and friends are collected on the stack, as
+ * glibc does: count_args counts the arguments after the first up to the
+ * NULL that ends them (which argv keeps), and fill_args copies them after
+ * the first. A list too long for the stack is E2BIG. */
+#define MAX_LIST_ARGS (1 << 20)
+
+static size_t count_args(va_list *ap)
+{
+	size_t n = 0;
+	while (va_arg(*ap, char *) != NULL)
+		n++;
+	return n;
+}
+
+static void fill_args(char **argv, const char *arg, size_t n, va_list *ap)
+{
+	argv[0] = (char *)arg;
+	for (size_t i = 1; i <= n + 1; i++)
+		argv[i] = va_arg(*ap, char *);
+}
 
 EXPORT int execl(const char *path, const char *arg, ...)
 {
-	COLLECT_ARGS(arg, argv, )
+	va_list ap;
+	va_start(ap, arg);
+	size_t n = count_args(&ap);
+	va_end(ap);
+	if (n >= MAX_LIST_ARGS - 1) {
+		errno = E2BIG;
+		return -1;
+	}
+	char *argv[n + 2];
+	va_start(ap, arg);
+	fill_args(argv, arg, n, &ap);
+	va_end(ap);
 	return execve(path, argv, environ);
 }
 
 EXPORT int execlp(const char *file, const char *arg, ...)
 {
-	COLLECT_ARGS(arg, argv, )
+	va_list ap;
+	va_start(ap, arg);
+	size_t n = count_args(&ap);
+	va_end(ap);
+	if (n >= MAX_LIST_ARGS - 1) {
+		errno = E2BIG;
+		return -1;
+	}
+	char *argv[n + 2];
+	va_start(ap, arg);
+	fill_args(argv, arg, n, &ap);
+	va_end(ap);
 	return execvpe(file, argv, environ);
 }
 
+/* execle's environment follows the list's NULL. */
 EXPORT int execle(const char *path, const char *arg, ...)
 {
-	char *const *envp;
-	COLLECT_ARGS(arg, argv, envp = va_arg(ap, char *const *))
+	va_list ap;
+	va_start(ap, arg);
+	size_t n = count_args(&ap);
+	va_end(ap);
+	if (n >= MAX_LIST_ARGS - 1) {
+		errno = E2BIG;
+		return -1;
+	}
+	char *argv[n + 2];
+	va_start(ap, arg);
+	fill_args(argv, arg, n, &ap);
+	char *const *envp = va_arg(ap, char *const *);
+	va_end(ap);
 	return execve(path, argv, envp);
 }
 

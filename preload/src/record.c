@@ -20,12 +20,8 @@ void thread_init(struct tstate *t)
 	if (t->shared.tid == my_pid) {
 		/* The main thread's stack grows down to its limit, and the
 		 * kernel keeps mmaps at least that far below it. */
-		struct rlimit rl;
-		__u64 span = 1ULL << 30;
-		if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < span)
-			span = rl.rlim_cur;
 		t->stack_hi = (__u64)__libc_stack_end;
-		t->stack_lo = t->stack_hi - span;
+		t->stack_lo = t->stack_hi - stack_limit(1ULL << 30);
 	} else if (INJECTED) {
 		/* A thread that was running before the library was (an
 		 * injected attach): its stack is the mapping that holds sp. */
@@ -423,15 +419,8 @@ void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret
 	if (dedupable(t) && !t->shared.alloc_depth) {
 		if (ret != 0)
 			return;
-		if (t->nheld < MAX_HELD) {
-			key = pattern_key(t, op, lock, 0);
-			__u64 known = pattern_seen(t, key);
-			if (known) {
-				held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
-				t->held++;
-				return;
-			}
-		}
+		if (t->nheld < MAX_HELD && held_known(t, op, lock, &key))
+			return;
 	}
 	flush_held(t);
 	struct event e;

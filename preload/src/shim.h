@@ -89,9 +89,10 @@ _Static_assert(SHM_SLOT_OPS >= OP_COUNT, "a counter slot has a counter for every
 #define CHAIN_SLOTS (1 << 16) /* the chain cache's entries */
 #define CHAIN_MASK (CHAIN_SLOTS - 1)
 #define STACKS_SENT_SLOTS (1 << 12)
-/* The lock pages' set: 2^LOCK_PAGE_BITS slots, a page looked for in
- * LOCK_PAGE_PROBES of them. */
-#define LOCK_PAGE_BITS 14
+/* The lock pages' set: 2^LOCK_PAGE_SET_BITS slots, a page looked for in
+ * LOCK_PAGE_PROBES of them. (The BPF side's LOCK_PAGE_BITS counts the bits
+ * of its filter in front of a hash map: another structure.) */
+#define LOCK_PAGE_SET_BITS 14
 #define LOCK_PAGE_PROBES 8
 /* A freed chunk of up to this many pages (256 KiB) is checked page by
  * page; a larger one within the bounds is taken to hold a lock. */
@@ -268,7 +269,7 @@ extern __u64 chain_keys[CHAIN_SLOTS]; /* the chain cache: pattern -> stack */
 extern __u64 chain_vals[CHAIN_SLOTS];
 extern __u64 stacks_sent[STACKS_SENT_SLOTS]; /* stack hashes sent (lossy: hooktrace dedups) */
 extern __u64 lock_epoch;
-extern __u64 lock_pages[1 << LOCK_PAGE_BITS];
+extern __u64 lock_pages[1 << LOCK_PAGE_SET_BITS];
 extern __u64 lock_page_lo, lock_page_hi;
 extern char shim_path[4096];
 extern char shm_env_entry[64];
@@ -321,6 +322,7 @@ SHARED size_t boot_size(const void *p);
 /* state.c */
 SHARED __u64 real_ret(struct tstate *t, __u64 slot, __u64 v);
 SHARED __u64 readable_top(struct tstate *t, __u64 sp, __u64 span);
+SHARED __u64 stack_limit(__u64 cap);
 SHARED int in_shim(__u64 pc);
 SHARED __u64 now(void);
 SHARED void announce_shared(void);
@@ -500,7 +502,7 @@ static inline int dedupable(struct tstate *t)
 
 static inline __u32 lock_page_slot(__u64 page, __u32 i)
 {
-	return (__u32)(((page * 0x9e3779b97f4a7c15ULL) >> (64 - LOCK_PAGE_BITS)) + i) & ((1 << LOCK_PAGE_BITS) - 1);
+	return (__u32)(((page * 0x9e3779b97f4a7c15ULL) >> (64 - LOCK_PAGE_SET_BITS)) + i) & ((1 << LOCK_PAGE_SET_BITS) - 1);
 }
 
 static inline int lock_page_has(__u64 page)
@@ -575,23 +577,29 @@ HOT void rec_alloc(struct tstate *t, __u32 op, __u64 fn, __u64 *frame, __u64 add
 	send_alloc(t, op, fn, frame, addr, size, arg, 0, key);
 }
 
+/* An acquisition of lock whose pattern was sent before is held unsent,
+ * only counted; returns whether it was. *key gets the pattern either way.
+ * No clock read here (the vDSO's is a fifth of this path): if the
+ * acquisition is ever sent, flush_held stamps it. */
+HOT int held_known(struct tstate *t, __u32 op, __u64 lock, __u64 *key)
+{
+	*key = pattern_key(t, op, lock, 0);
+	__u64 known = pattern_seen(t, *key);
+	if (!known)
+		return 0;
+	held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
+	t->held++;
+	return 1;
+}
+
 /* A blocking acquisition, recorded at entry as the BPF side does: a thread
  * that then blocks for good is seen waiting. */
 HOT void rec_acquire(struct tstate *t, __u32 op, __u64 lock, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
 	__u64 key = 0;
-	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth) {
-		key = pattern_key(t, op, lock, 0);
-		__u64 known = pattern_seen(t, key);
-		if (known) {
-			/* No clock read here (the vDSO's is a fifth of this path):
-			 * if the acquisition is ever sent, flush_held stamps it. */
-			held_push(t, lock, op, 0, known & ~(1ULL << 62), 0, 0);
-			t->held++;
-			return;
-		}
-	}
+	if (dedupable(t) && t->nheld < MAX_HELD && !t->shared.alloc_depth && held_known(t, op, lock, &key))
+		return;
 	send_acquire(t, op, lock, fn, frame, key);
 }
 

@@ -35,7 +35,7 @@ __u64 lock_epoch;
  * numbers + 1, never emptied; a page that finds no room in its probe window
  * goes unregistered, as an evicted page does on the BPF side. The lowest
  * and highest pages let most frees answer with two compares. */
-__u64 lock_pages[1 << LOCK_PAGE_BITS];
+__u64 lock_pages[1 << LOCK_PAGE_SET_BITS];
 __u64 lock_page_lo = ~0ULL, lock_page_hi;
 
 /* What a new image needs to record too: the library's path as the loader
@@ -105,6 +105,25 @@ __u64 readable_top(struct tstate *t, __u64 sp, __u64 span)
 		return 0;
 	__u64 top = page + (__u64)got * 4096;
 	return top < end ? top : end;
+}
+
+/* RLIMIT_STACK's soft limit, at most cap (which an unlimited or unknown
+ * one gives): the main thread's stack grows down to it, and glibc sizes a
+ * thread created without attributes by it. Read once per process image,
+ * at its first use (the main thread's set-up, mostly), as glibc reads it
+ * once for its threads: not a system call per pthread_create. */
+__u64 stack_limit(__u64 cap)
+{
+	static __u64 limit; /* the limit + 1, 0 until read */
+	__u64 v = __atomic_load_n(&limit, __ATOMIC_RELAXED);
+	if (!v) {
+		struct rlimit rl;
+		v = ~0ULL;
+		if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+			v = (__u64)rl.rlim_cur + 1;
+		__atomic_store_n(&limit, v, __ATOMIC_RELAXED);
+	}
+	return v - 1 < cap ? v - 1 : cap;
 }
 
 /* The shim's own image: its frames (a thread's start routine returns into
