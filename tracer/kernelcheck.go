@@ -94,10 +94,16 @@ func kernelFeatures(spec *ebpf.CollectionSpec, syscallsOnly bool) ([]kernelFeatu
 		_, err := btf.LoadKernelSpec()
 		return err
 	}}}
-	seen := map[string]bool{}
-	add := func(f kernelFeature) {
-		if !seen[f.name] {
-			seen[f.name] = true
+	// Helpers are offered per program type (a raw tracepoint may have one
+	// a uprobe lacks): each is asked for each type that calls it.
+	type key struct {
+		name string
+		pt   ebpf.ProgramType
+	}
+	seen := map[key]bool{}
+	add := func(f kernelFeature, pt ebpf.ProgramType) {
+		if !seen[key{f.name, pt}] {
+			seen[key{f.name, pt}] = true
 			need = append(need, f)
 		}
 	}
@@ -107,7 +113,7 @@ func kernelFeatures(spec *ebpf.CollectionSpec, syscallsOnly bool) ([]kernelFeatu
 		if !ok {
 			known.name = mt.String() + " maps"
 		}
-		add(kernelFeature{name: known.name, since: known.since, probe: func() error { return features.HaveMapType(mt) }})
+		add(kernelFeature{name: known.name, since: known.since, probe: func() error { return features.HaveMapType(mt) }}, ebpf.UnspecifiedProgram)
 	}
 	progs := sortedKeys(spec.Programs)
 	if syscallsOnly {
@@ -123,7 +129,7 @@ func kernelFeatures(spec *ebpf.CollectionSpec, syscallsOnly bool) ([]kernelFeatu
 		if !ok {
 			known.name = pt.String() + " programs"
 		}
-		add(kernelFeature{name: known.name, since: known.since, probe: func() error { return features.HaveProgramType(pt) }})
+		add(kernelFeature{name: known.name, since: known.since, probe: func() error { return features.HaveProgramType(pt) }}, pt)
 		for _, ins := range p.Instructions {
 			if !ins.IsBuiltinCall() {
 				continue
@@ -132,11 +138,9 @@ func kernelFeatures(spec *ebpf.CollectionSpec, syscallsOnly bool) ([]kernelFeatu
 			if err != nil {
 				return nil, fmt.Errorf("program %s: %w", name, err)
 			}
-			// Helpers are offered per program type: a raw tracepoint
-			// may have one a uprobe lacks.
 			add(kernelFeature{name: helperName(fn), since: helperSince[fn], probe: func() error {
 				return features.HaveProgramHelper(pt, fn)
-			}})
+			}}, pt)
 		}
 	}
 	return need, nil
@@ -201,7 +205,13 @@ func checkKernel(spec *ebpf.CollectionSpec, syscallsOnly bool) error {
 	}
 	// The newest is what a user needs to know: the kernel to get.
 	newest := slices.MaxFunc(missing, func(a, b kernelFeature) int { return compareRelease(a.since, b.since) })
-	return &KernelError{Missing: missingLine(newest, len(missing)-1, cmp.Or(proc.KernelRelease(), "unknown"), lockdownMode()),
+	others := map[string]bool{}
+	for _, f := range missing {
+		if f.name != newest.name {
+			others[f.name] = true
+		}
+	}
+	return &KernelError{Missing: missingLine(newest, len(others), cmp.Or(proc.KernelRelease(), "unknown"), lockdownMode()),
 		checked: true, err: ebpf.ErrNotSupported}
 }
 
