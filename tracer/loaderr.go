@@ -24,15 +24,27 @@ var ErrKernel = errors.New("this kernel cannot run the eBPF recorder")
 type KernelError struct {
 	// Missing names it in one line: `kfunc "bpf_rdonly_cast": not
 	// supported`, or `the verifier rejects sys_enter: R2 min value is
-	// negative, ...`.
+	// negative, ...`; or, found before loading (checkKernel), `the eBPF
+	// recorder needs bpf_loop (Linux 5.17 or later); this kernel is
+	// 5.14.0`.
 	Missing string
 	// Log is the verifier's last lines when it rejected a program.
-	Log []string
-	err error
+	Log     []string
+	checked bool // found by checkKernel: Missing is the whole line
+	err     error
+}
+
+// Line says what the kernel lacks or refused in one line, without the
+// verifier's log.
+func (e *KernelError) Line() string {
+	if e.checked {
+		return e.Missing
+	}
+	return ErrKernel.Error() + ": " + e.Missing
 }
 
 func (e *KernelError) Error() string {
-	msg := ErrKernel.Error() + ": " + e.Missing
+	msg := e.Line()
 	if len(e.Log) > 0 {
 		msg += "\nthe verifier's last lines:\n\t" + strings.Join(e.Log, "\n\t")
 	}

@@ -89,6 +89,12 @@ func New(opts source.Options) (*Tracer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the BPF objects: %w", err)
 	}
+	// What the kernel lacks, said before the verifier's seconds of work
+	// and in terms a user can act on; a failed load still says what this
+	// check cannot foresee (classifyLoad).
+	if err := checkKernel(spec, opts.SyscallsOnly); err != nil {
+		return nil, err
+	}
 	set := func(name string, v uint32) error {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("setting %s: %w", name, err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hooktrace/hooktrace/internal/proc"
 	"github.com/hooktrace/hooktrace/internal/testenv"
 )
 
@@ -25,11 +26,15 @@ import (
 // time under lockdown=confidentiality, which withdraws
 // bpf_probe_read_kernel from the probes. It sets HOOKTRACE_EXPECT_EBPF to
 // "loads" before and "fails" after, so that each branch is the one tested.
+// Under lockdown the start-up check finds the helper missing before
+// anything loads, and both lines name it and the lockdown.
 func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 	testenv.RequireBPF(t)
 	inversion := testenv.Program(t, "inversion")
 	report, _, stderr, code := runJSON(t, "--recorder", "ebpf", "--", inversion)
-	loads := code != exitFailure || !strings.Contains(stderr, "this kernel cannot run the eBPF recorder")
+	const needs = "the eBPF recorder needs " // found before loading
+	loads := code != exitFailure ||
+		!strings.Contains(stderr, "this kernel cannot run the eBPF recorder") && !strings.Contains(stderr, needs)
 	switch expect := os.Getenv("HOOKTRACE_EXPECT_EBPF"); {
 	case expect == "fails" && loads:
 		t.Fatalf("--recorder ebpf: exit %d, want %d saying the kernel cannot run it:\n%s", code, exitFailure, stderr)
@@ -44,8 +49,11 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 		if strings.Contains(stderr, "not permitted") {
 			t.Errorf("--recorder ebpf, as root: the error blames permissions:\n%s", stderr)
 		}
-		if !strings.Contains(stderr, "the verifier") && !strings.Contains(stderr, "not supported") {
+		if !strings.Contains(stderr, "the verifier") && !strings.Contains(stderr, "not supported") && !strings.Contains(stderr, needs) {
 			t.Errorf("--recorder ebpf: the error does not say what the kernel refused or lacks:\n%s", stderr)
+		}
+		if lockedDown() && !saysLockdown(stderr, "hooktrace: ", "\n") {
+			t.Errorf("--recorder ebpf, locked down: the error does not say, before loading, in one line, that the lockdown withdraws bpf_probe_read_kernel:\n%s", stderr)
 		}
 	}
 
@@ -56,7 +64,7 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 	}
 	_, _, r := readTrace(t, trace)
 	h := r.Header()
-	const notice = "hooktrace: recording with the preload recorder alone: this kernel cannot run the eBPF recorder ("
+	const notice = ": recording with the preload recorder alone\n"
 	if loads {
 		if h.Recorder != "preload+sys_enter" || h.NoEBPF != "" || strings.Contains(stderr, notice) {
 			t.Errorf("auto where eBPF loads: recorder %q, no_ebpf %q; stderr:\n%s", h.Recorder, h.NoEBPF, stderr)
@@ -65,6 +73,9 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 	}
 	if n := strings.Count(stderr, notice); n != 1 {
 		t.Errorf("auto: %d notices that eBPF cannot run, want 1:\n%s", n, stderr)
+	}
+	if lockedDown() && !saysLockdown(stderr, "hooktrace: warning: ", notice) {
+		t.Errorf("auto, locked down: the notice does not say that the lockdown withdraws bpf_probe_read_kernel:\n%s", stderr)
 	}
 	if h.Recorder != "preload" || h.NoEBPF == "" || !strings.Contains(stderr, h.NoEBPF) {
 		t.Errorf("auto: header recorder %q, no_ebpf %q: want preload, and what stderr named as missing:\n%s", h.Recorder, h.NoEBPF, stderr)
@@ -79,4 +90,24 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 	if err := json.Unmarshal([]byte(report), &rep); err != nil || len(rep.Stats.Traces) != 1 || rep.Stats.Traces[0].NoEBPF != h.NoEBPF {
 		t.Errorf("auto: the report's trace does not say what the header does (%q): %+v %v", h.NoEBPF, rep.Stats.Traces, err)
 	}
+}
+
+// saysLockdown says whether stderr has the line hooktrace writes before
+// loading where the kernel's lockdown withdraws bpf_probe_read_kernel
+// (tracer.checkKernel), between prefix and suffix.
+func saysLockdown(stderr, prefix, suffix string) bool {
+	const needs = "the eBPF recorder needs bpf_probe_read_kernel (Linux 5.5 or later)"
+	tail := "; this kernel is " + proc.KernelRelease() + ", but its lockdown (confidentiality) withdraws it" + suffix
+	for l := range strings.Lines(stderr) {
+		if strings.HasPrefix(l, prefix+needs) && strings.HasSuffix(l, tail) {
+			return true
+		}
+	}
+	return false
+}
+
+// lockedDown says whether the kernel is locked down for confidentiality.
+func lockedDown() bool {
+	b, err := os.ReadFile("/sys/kernel/security/lockdown")
+	return err == nil && strings.Contains(string(b), "[confidentiality]")
 }

@@ -124,7 +124,7 @@ func newRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 		sys, err := tracer.New(sysOpts)
 		var kerr *tracer.KernelError
 		if errors.As(err, &kerr) {
-			f.noEBPF = kerr.Missing
+			f.noEBPF, f.noEBPFLine = kerr.Missing, kerr.Line()
 		} else if err != nil && !errors.Is(err, tracer.ErrPermission) {
 			return nil, err
 		}

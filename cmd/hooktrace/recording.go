@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
 	"github.com/hooktrace/hooktrace/events"
@@ -43,8 +42,9 @@ type traceFlags struct {
 	recorder    string // ebpf or preload once resolved; run's --recorder
 	autoWhy     string // why --recorder auto could not preload
 	// noEBPF is why auto records with preload alone: the kernel cannot
-	// run the eBPF recorder (tracer.KernelError's Missing).
-	noEBPF string
+	// run the eBPF recorder (tracer.KernelError's Missing, for the
+	// trace header), and noEBPFLine says it on stderr (its Line).
+	noEBPF, noEBPFLine string
 
 	ignoreTargetStatus bool // run only
 }
@@ -192,7 +192,7 @@ func prepareRecording(f *traceFlags) (*recording, source.Options, error) {
 		Version:    events.Version,
 		Tool:       "hooktrace " + version,
 		Host:       hostname(),
-		Kernel:     kernelRelease(),
+		Kernel:     proc.KernelRelease(),
 		Clock:      "CLOCK_MONOTONIC",
 		StartUnix:  time.Now().UnixNano(),
 		StartNS:    proc.Now(),
@@ -214,7 +214,7 @@ func openRecorder(f *traceFlags, opts source.Options) (recorder, error) {
 		fmt.Fprintf(os.Stderr, "hooktrace: recording with eBPF: %s\n", f.autoWhy)
 	}
 	if f.noEBPF != "" {
-		fmt.Fprintf(os.Stderr, "hooktrace: recording with the preload recorder alone: this kernel cannot run the eBPF recorder (%s)\n", f.noEBPF)
+		fmt.Fprintf(os.Stderr, "hooktrace: warning: %s: recording with the preload recorder alone\n", f.noEBPFLine)
 	}
 	return tr, nil
 }
@@ -343,14 +343,6 @@ func (s *statusLine) stop() {
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
-}
-
-func kernelRelease() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Release[:])
 }
 
 // parseRingSize reads --ring: a power of two from a page (4K) to 1G, with

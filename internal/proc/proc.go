@@ -2,7 +2,7 @@
 
 // Package proc holds the small facts about live processes that the tracer,
 // the hang watcher and the CLI all read the same way: the clock the trace's
-// event times are on, and a thread's name.
+// event times are on, a thread's name, and the kernel's release.
 package proc
 
 import (
@@ -12,6 +12,16 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// KernelRelease is the running kernel's release, as uname -r prints it,
+// or "" when uname fails.
+func KernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
 
 // Now reads CLOCK_MONOTONIC, the clock BPF's bpf_ktime_get_ns uses: event
 // times, trace header/footer times and a hang's time are all on it.

@@ -32,7 +32,8 @@ check attach-running -test.run '^TestAttachLeavesTargetRight$'
 check attach-deadlocked -test.run '^TestAttachHungProcess$/^abba$'
 
 # A kernel that cannot run the probes: lockdown=confidentiality withdraws
-# bpf_probe_read_kernel, which they call, and the verifier refuses them.
+# bpf_probe_read_kernel and bpf_probe_read_user, which they call; the
+# start-up check finds them missing before anything loads.
 # Lockdown cannot be lifted: this comes last.
 mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
 if echo confidentiality >/sys/kernel/security/lockdown; then
