@@ -6,11 +6,13 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/funcname"
@@ -99,6 +101,23 @@ type Site struct {
 	Code   []byte
 	Choice placement.Site
 	Live   uint64 // the function's runtime address, 0 when not mapped yet
+	// Calls, when not nil, replace the entry probe: the function has no
+	// instruction the kernel emulates, and every object that imports it
+	// calls it only through its PLT, whose calls are probed instead
+	// (placement.CallSites). CallNote says why the entry was kept, if so.
+	Calls    []CallProbe
+	CallNote string
+}
+
+// CallProbe is a call of a traced function, probed in the caller.
+type CallProbe struct {
+	Op     events.Op // what the call is: the name it calls (an alias's own)
+	Object string    // the caller's object
+	File   string    // the path to attach through (as Site.File)
+	Offset uint64    // the instruction's file offset in Object
+	placement.CallSite
+	Live uint64 // the instruction's runtime address, 0 when not mapped yet
+	Code []byte // the instruction's bytes in the file
 }
 
 // PlanSites finds, for each traced function, the object that really
@@ -240,8 +259,88 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			s.Fn.Ret = false
 		}
 		s.Live = liveAddress(maps, s.Object, s.Sym.Offset)
+		planCalls(s, objs, open, via, maps)
 	}
 	return plan, nil
+}
+
+// planCalls fills s.Calls when the function's entry would be
+// single-stepped and its calls can be probed instead: every call the
+// objects of the process make through their PLT is then seen, the calls
+// a preloaded library interposes. Return probes need the entry, and a
+// user probe's function may be called from anywhere.
+func planCalls(s *Site, objs []string, open func(string) *symbolize.Object, via map[string]string, mapped symbolize.Maps) {
+	if s.UserIdx >= 0 || s.Fn.Ret || s.Code == nil || s.Choice.Emulated {
+		return
+	}
+	ops := map[string]events.Op{s.Fn.Name: s.Fn.Op}
+	if s.Alias != events.OpNone {
+		ops[s.Alias.String()] = s.Alias
+	}
+	names := slices.Sorted(maps.Keys(ops))
+	calls := []CallProbe{}
+	for _, path := range objs {
+		o := open(path)
+		if o == nil {
+			continue
+		}
+		imp, err := callSitesOf(o, names)
+		if err != nil {
+			s.CallNote = fmt.Sprintf("entry kept: the calls in %s cannot be read: %v", path, err)
+			return
+		}
+		for _, name := range names {
+			if why, ok := imp.Escapes[name]; ok {
+				s.CallNote = fmt.Sprintf("entry kept: %s can call %s other than through its PLT: %s", filepath.Base(path), name, why)
+				return
+			}
+		}
+		for _, c := range imp.Sites {
+			off, err := o.FileOffset(c.Addr)
+			if err != nil {
+				s.CallNote = fmt.Sprintf("entry kept: %v", err)
+				return
+			}
+			code := make([]byte, c.Len)
+			if _, err := o.ReadAt(code, int64(off)); err != nil {
+				s.CallNote = fmt.Sprintf("entry kept: reading the call at %#x in %s: %v", c.Addr, path, err)
+				return
+			}
+			calls = append(calls, CallProbe{Op: ops[c.Symbol], Object: path, File: via[path], Offset: off, CallSite: c,
+				Live: liveAddress(mapped, path, off), Code: code})
+		}
+	}
+	s.Calls = calls
+}
+
+// callSites caches placement.CallSites by object (objects are shared by
+// file identity): a followed fork storm maps the same executable again
+// and again.
+var callSites = struct {
+	sync.Mutex
+	m map[callSitesKey]callSitesVal
+}{m: map[callSitesKey]callSitesVal{}}
+
+type callSitesKey struct {
+	obj   *symbolize.Object
+	names string
+}
+
+type callSitesVal struct {
+	imp placement.Imports
+	err error
+}
+
+func callSitesOf(o *symbolize.Object, names []string) (placement.Imports, error) {
+	k := callSitesKey{o, strings.Join(names, ",")}
+	callSites.Lock()
+	defer callSites.Unlock()
+	if v, ok := callSites.m[k]; ok {
+		return v.imp, v.err
+	}
+	imp, err := placement.CallSites(o.ELF(), names)
+	callSites.m[k] = callSitesVal{imp, err}
+	return imp, err
 }
 
 // OptionalProbe starts a user probe a rule pack asks for: a program

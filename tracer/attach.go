@@ -5,6 +5,7 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -69,10 +70,19 @@ func attachPlan(pid int, plan []source.Site, prog, retProg *ebpf.Program, alloc 
 				continue
 			}
 		}
+		if s.Calls != nil {
+			for i := range s.Calls {
+				attachCall(pid, s, &s.Calls[i], add, warn)
+			}
+			continue
+		}
 		op := s.Fn.Op
 		offset := uint64(s.Choice.Offset)
 		cookie := probeCookie{op: op, adj: uint16(s.Choice.StackAdjust)}
 		note := s.Choice.Note
+		if s.CallNote != "" {
+			note += "; " + s.CallNote
+		}
 		if s.UserIdx >= 0 {
 			cookie.user = uint32(s.UserIdx)
 		} else if op.IsAllocator() && alloc != nil && s.Obj == alloc.Obj {
@@ -127,6 +137,31 @@ func attachPlan(pid int, plan []source.Site, prog, retProg *ebpf.Program, alloc 
 		sites = append(sites, b.sites...)
 	}
 	return links, sites
+}
+
+// attachCall plans the probe on one call of s's function, in place of
+// its entry probe: the kernel emulates a call or jmp, where it
+// single-steps the function's first instruction.
+func attachCall(pid int, s *source.Site, c *source.CallProbe, add func(object, file string, ret bool, addr, cookie uint64, ps events.ProbeSite), warn func(string)) {
+	if c.Live != 0 {
+		if err := placement.CheckLive(pid, c.Live, c.Code); err != nil && !errors.Is(err, placement.ErrBreakpoint) {
+			warn(fmt.Sprintf("not probing the call of %s at %#x in %s: %v", c.Symbol, c.Addr, c.Object, err))
+			return
+		}
+	}
+	cookie := probeCookie{op: c.Op}
+	where := "a tail call"
+	if !c.Tail {
+		cookie.call = uint8(c.Len)
+		where = "a call"
+	}
+	how := "emulated"
+	if !c.Emulated {
+		how = "single-stepped, as the entry is"
+	}
+	add(c.Object, c.File, false, c.Offset, cookie.encode(), events.ProbeSite{Name: c.Symbol, Object: c.Object,
+		Address: c.Addr, Kind: "uprobe",
+		Note: fmt.Sprintf("%s of %s in %s: %s (%s); %s", where, c.Symbol, filepath.Base(s.Object), c.Instruction, how, s.Choice.Note)})
 }
 
 // userField is a user probe's index for its cookie; 0 for the others,

@@ -24,6 +24,10 @@ type probeCookie struct {
 	alias events.Op
 	// refires: the site can fire more than once in one call.
 	refires bool
+	// call (lock probes): the probe is on a call of the function, this
+	// many bytes long (0 for an entry, or a tail call's jmp, which leaves
+	// the stack as the entry finds it).
+	call uint8
 }
 
 const (
@@ -35,6 +39,8 @@ const (
 	cookieAliasShift = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT)
 	cookieAliasBits  = uint64(hooktraceCookieLayoutCOOKIE_ALIAS_BITS)
 	cookieRefires    = uint64(hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT)
+	cookieCallShift  = uint64(hooktraceCookieLayoutCOOKIE_CALL_SHIFT)
+	cookieCallBits   = uint64(hooktraceCookieLayoutCOOKIE_CALL_BITS)
 	cookieBackShift  = uint64(hooktraceCookieLayoutCOOKIE_BACK_SHIFT)
 	cookieBackBits   = uint64(hooktraceCookieLayoutCOOKIE_BACK_BITS)
 	cookieLenShift   = uint64(hooktraceCookieLayoutCOOKIE_LEN_SHIFT)
@@ -53,7 +59,8 @@ func (c probeCookie) encode() uint64 {
 		uint64(c.back)&(1<<cookieBackBits-1)<<cookieBackShift |
 		uint64(c.length)&(1<<cookieLenBits-1)<<cookieLenShift |
 		uint64(c.alias)&(1<<cookieAliasBits-1)<<cookieAliasShift |
-		b2u64(c.refires)<<cookieRefires
+		b2u64(c.refires)<<cookieRefires |
+		uint64(c.call)&(1<<cookieCallBits-1)<<cookieCallShift
 }
 
 func b2u64(b bool) uint64 {
@@ -74,6 +81,7 @@ func decodeCookie(v uint64) probeCookie {
 		length:  uint32(field(v, cookieLenShift, cookieLenBits)),
 		alias:   events.Op(field(v, cookieAliasShift, cookieAliasBits)),
 		refires: field(v, cookieRefires, 1) != 0,
+		call:    uint8(field(v, cookieCallShift, cookieCallBits)),
 	}
 }
 

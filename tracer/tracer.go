@@ -265,6 +265,7 @@ func (t *Tracer) place(pid int, exe string) error {
 	}
 	alloc := source.FindAllocator(plan)
 	t.conv.SetAllocator(uint32(pid), alloc)
+	t.conv.SetCalls(plan)
 	if alloc != nil {
 		alloc.Obj.PrefetchDWARF() // the probes' stacks start in it
 	}
