@@ -1663,7 +1663,9 @@ static __always_inline void send_object(__u64 handle, __u32 gone)
 	r->gone = gone;
 	long n = bpf_probe_read_user_str(r->path, sizeof(r->path), (void *)lm.l_name);
 	r->len = n > 0 ? n - 1 : 0;
-	bpf_ringbuf_submit(r, ring_flags());
+	/* At once: a library just loaded may call functions probed on their
+	 * calls, which the tracer probes in it when it reads this. */
+	bpf_ringbuf_submit(r, gone ? ring_flags() : BPF_RB_FORCE_WAKEUP);
 }
 
 /* The loader's entry points, told apart by the cookie (one link for all):

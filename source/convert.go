@@ -40,6 +40,8 @@ type Converter struct {
 	lostSeen uint64
 	// OnFork hears of a child a traced process forked, to follow.
 	OnFork func(pid uint32)
+	// OnLoad hears of a library a traced process loaded (dlopen).
+	OnLoad func(pid uint32)
 	unw    *unwinder
 	warn   func(string)
 	// Hide is an object whose frames are not the target's (the preloaded
@@ -496,6 +498,9 @@ func (c *Converter) object(r *hooktraceObject) {
 	}
 	if err := p.sym.Pin(r.Base, string(path)); err != nil && c.warn != nil {
 		c.warn(fmt.Sprintf("pid %d loaded %s, whose code cannot be named: %v", r.Pid, path, err))
+	}
+	if c.OnLoad != nil {
+		c.OnLoad(r.Pid)
 	}
 }
 

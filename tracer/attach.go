@@ -70,11 +70,14 @@ func attachPlan(pid int, plan []source.Site, prog, retProg *ebpf.Program, alloc 
 				continue
 			}
 		}
-		if s.Calls != nil {
+		if useCalls(pid, s, placed, warn) {
 			for i := range s.Calls {
 				attachCall(pid, s, &s.Calls[i], add, warn)
 			}
 			continue
+		}
+		if s.UserIdx < 0 {
+			placed[fmt.Sprintf("%d:entry:%s", pid, s.Fn.Name)] = true
 		}
 		op := s.Fn.Op
 		offset := uint64(s.Choice.Offset)
@@ -137,6 +140,28 @@ func attachPlan(pid int, plan []source.Site, prog, retProg *ebpf.Program, alloc 
 		sites = append(sites, b.sites...)
 	}
 	return links, sites
+}
+
+// useCalls decides whether s's function is probed on its calls: when it
+// can be, unless its entry is probed for pid already; or when its calls
+// are, whatever the objects loaded since allow (a probe on the entry too
+// would count each call twice). Either probe stays, as an exec keeps it.
+func useCalls(pid int, s *source.Site, placed map[string]bool, warn func(string)) bool {
+	if s.Calls == nil {
+		return false
+	}
+	calls := fmt.Sprintf("%d:calls:%s", pid, s.Fn.Name)
+	switch {
+	case placed[calls]:
+		if said := fmt.Sprintf("%d:said:%s", pid, s.CallNote); s.CallNote != "" && !placed[said] {
+			placed[said] = true
+			warn(fmt.Sprintf("%s stays probed on its calls, which miss some now: %s", s.Fn.Name, s.CallNote))
+		}
+	case s.CallNote != "" || placed[fmt.Sprintf("%d:entry:%s", pid, s.Fn.Name)]:
+		return false
+	}
+	placed[calls] = true
+	return true
 }
 
 // attachCall plans the probe on one call of s's function, in place of

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"debug/elf"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -12,11 +13,13 @@ import (
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/tracer/placement"
 )
 
 // callSiteFuncs are the functions the eBPF recorder probes at their calls
-// on glibc 2.36, whose entries the kernel must single-step.
-var callSiteFuncs = []string{"pthread_rwlock_init", "pthread_rwlock_destroy", "pthread_spin_init", "pthread_spin_unlock", "pthread_spin_destroy"}
+// on glibc 2.36, whose entries the kernel must single-step, and
+// pthread_spin_lock, probed as its unlock is.
+var callSiteFuncs = []string{"pthread_rwlock_init", "pthread_rwlock_destroy", "pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"}
 
 // TestCallSiteProbes: testdata/calls.c calls the call-probed functions
 // through its PLT, directly and by tail calls, and through the PLT of a
@@ -26,8 +29,8 @@ var callSiteFuncs = []string{"pthread_rwlock_init", "pthread_rwlock_destroy", "p
 // probes on the calls, in both objects, and none on their entries; it
 // counts every call as the preloaded recorder does, and in full mode every
 // event of those lock calls comes with the very stack the preloaded
-// recorder gives it (the first frame, the function called, by name: the
-// eBPF probe on pthread_spin_lock sits past its entry). In aggregate mode
+// recorder gives it (the function called by name: the eBPF probes on the
+// rwlock lock calls sit past their entries). In aggregate mode
 // each stack it sends is one of those. Every run finds the one cycle,
 // between locks named by where they were made.
 func TestCallSiteProbes(t *testing.T) {
@@ -182,4 +185,74 @@ func fmtStacks(m map[string]int) string {
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "")
+}
+
+// TestCallSiteProbesInLoadedLibrary: a library the program loads with
+// dlopen is probed on its calls once the tracer hears of it (the program
+// waits until the probes show in its code), and then its spinlock lives
+// are counted as the preloaded recorder counts them.
+func TestCallSiteProbesInLoadedLibrary(t *testing.T) {
+	testenv.RequireBPF(t)
+	dir := t.TempDir()
+	lib := testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "libcalls.c"), Name: "libcalls.so",
+		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
+	copyFile(t, lib, filepath.Join(dir, "libcalls.so"), 0o755)
+	// Another file: the copy the program links is probed from the start.
+	loaded := filepath.Join(dir, "libcalls-loaded.so")
+	copyFile(t, lib, loaded, 0o755)
+	prog := testenv.Program(t, "calls", "-Wl,--no-as-needed", "-L"+dir, "-lcalls", "-Wl,-rpath,"+dir)
+	const n = 10
+	for _, rec := range []string{"preload", "ebpf"} {
+		for _, mode := range []string{"full", "aggregate"} {
+			run := rec + " " + mode
+			sites := "0"
+			if rec == "ebpf" {
+				sites = fmt.Sprint(callsNear(t, loaded, "lib_spin_life", 256))
+			}
+			rep, fs := traceOnce(t, []string{"--recorder", rec, "--mode", mode}, prog, fmt.Sprint(n), "dlopen", loaded, sites)
+			for _, name := range []string{"pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"} {
+				if got := rep.Stats.Calls[name]; got != n {
+					t.Errorf("%s: %s called %d times, want %d", run, name, got, n)
+				}
+			}
+			if len(fs) != 0 {
+				t.Errorf("%s: want no finding, got%s", run, verdicts(fs))
+			}
+		}
+	}
+}
+
+// callsNear counts the calls of traced functions the eBPF recorder probes
+// in the n bytes of lib from function fn on.
+func callsNear(t *testing.T, lib, fn string, n uint64) int {
+	t.Helper()
+	f, err := elf.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := uint64(0)
+	for _, s := range syms {
+		if s.Name == fn {
+			at = s.Value
+		}
+	}
+	imp, err := placement.CallSites(f, callSiteFuncs)
+	if err != nil || at == 0 {
+		t.Fatalf("finding the calls in %s of %s: %v", lib, fn, err)
+	}
+	count := 0
+	for _, c := range imp.Sites {
+		if c.Addr >= at && c.Addr < at+n {
+			count++
+		}
+	}
+	if count == 0 {
+		t.Fatalf("no call probed near %s in %s", fn, lib)
+	}
+	return count
 }
