@@ -35,11 +35,7 @@ var callSiteFuncs = []string{"pthread_rwlock_init", "pthread_rwlock_destroy", "p
 // between locks named by where they were made.
 func TestCallSiteProbes(t *testing.T) {
 	testenv.RequireBPF(t)
-	dir := t.TempDir()
-	lib := testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "libcalls.c"), Name: "libcalls.so",
-		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
-	copyFile(t, lib, filepath.Join(dir, "libcalls.so"), 0o755)
-	prog := testenv.Program(t, "calls", "-Wl,--no-as-needed", "-L"+dir, "-lcalls", "-Wl,-rpath,"+dir)
+	dir, prog, _ := buildCalls(t)
 	const n = 10
 	want := map[string]uint64{
 		"pthread_spin_init": 4 * n / 2, "pthread_spin_lock": 2 * n, "pthread_spin_unlock": 2 * n, "pthread_spin_destroy": 2 * n,
@@ -84,6 +80,18 @@ func TestCallSiteProbes(t *testing.T) {
 			t.Errorf("ebpf aggregate sent a stack no call had under preload: %s", k)
 		}
 	}
+}
+
+// buildCalls builds testdata/calls.c linked with libcalls.c, which it
+// copies into dir: the program, and the library as built.
+func buildCalls(t *testing.T) (dir, prog, lib string) {
+	t.Helper()
+	dir = t.TempDir()
+	lib = testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "libcalls.c"), Name: "libcalls.so",
+		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
+	copyFile(t, lib, filepath.Join(dir, "libcalls.so"), 0o755)
+	prog = testenv.Program(t, "calls", "-Wl,--no-as-needed", "-L"+dir, "-lcalls", "-Wl,-rpath,"+dir)
+	return dir, prog, lib
 }
 
 // checkCallProbes checks that the call-probed functions are probed on
@@ -193,14 +201,10 @@ func fmtStacks(m map[string]int) string {
 // are counted as the preloaded recorder counts them.
 func TestCallSiteProbesInLoadedLibrary(t *testing.T) {
 	testenv.RequireBPF(t)
-	dir := t.TempDir()
-	lib := testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "libcalls.c"), Name: "libcalls.so",
-		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
-	copyFile(t, lib, filepath.Join(dir, "libcalls.so"), 0o755)
+	dir, prog, lib := buildCalls(t)
 	// Another file: the copy the program links is probed from the start.
 	loaded := filepath.Join(dir, "libcalls-loaded.so")
 	copyFile(t, lib, loaded, 0o755)
-	prog := testenv.Program(t, "calls", "-Wl,--no-as-needed", "-L"+dir, "-lcalls", "-Wl,-rpath,"+dir)
 	const n = 10
 	for _, rec := range []string{"preload", "ebpf"} {
 		for _, mode := range []string{"full", "aggregate"} {
