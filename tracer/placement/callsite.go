@@ -66,8 +66,8 @@ func CallSites(f *elf.File, names []string) (Imports, error) {
 	for _, n := range names {
 		want[n] = true
 	}
-	slots, err := importSlots(f, want)
-	if err != nil || len(slots) == 0 {
+	slots, err := importSlots(f, want, imp.Escapes)
+	if err != nil || (len(slots) == 0 && len(imp.Escapes) == 0) {
 		return imp, err
 	}
 	// A non-PIC executable that takes an imported function's address
@@ -107,8 +107,10 @@ func isPLT(name string) bool {
 
 // importSlots maps the GOT slots the dynamic relocations fill with the
 // address of a function in want (JUMP_SLOT: a PLT stub's; GLOB_DAT: an
-// address the code loads) to its name.
-func importSlots(f *elf.File, want map[string]bool) (map[uint64]string, error) {
+// address the code loads) to its name. A relocation of another kind
+// stores the address in data (a table of function pointers): escapes
+// says so.
+func importSlots(f *elf.File, want map[string]bool, escapes map[string]string) (map[uint64]string, error) {
 	if f.Class != elf.ELFCLASS64 || f.Machine != elf.EM_X86_64 {
 		return nil, nil
 	}
@@ -129,11 +131,16 @@ func importSlots(f *elf.File, want map[string]bool) (map[uint64]string, error) {
 			off := binary.LittleEndian.Uint64(data[i:])
 			info := binary.LittleEndian.Uint64(data[i+8:])
 			typ, sym := elf.R_X86_64(info&0xffffffff), info>>32
-			if (typ != elf.R_X86_64_JMP_SLOT && typ != elf.R_X86_64_GLOB_DAT) || sym == 0 || sym > uint64(len(dyn)) {
+			if sym == 0 || sym > uint64(len(dyn)) {
 				continue
 			}
-			if name := symName(dyn[sym-1].Name); want[name] {
+			name := symName(dyn[sym-1].Name)
+			switch {
+			case !want[name]:
+			case typ == elf.R_X86_64_JMP_SLOT || typ == elf.R_X86_64_GLOB_DAT:
 				slots[off] = name
+			default:
+				escapes[name] = fmt.Sprintf("a %s relocation stores its address at %#x", typ, off)
 			}
 		}
 	}
