@@ -1464,9 +1464,15 @@ int uprobe_hook(struct pt_regs *ctx)
 		/* Its acquisition was only counted: so is its release. */
 		if (sent == 0)
 			return 0;
+		/* At a spinlock's shared entry such a call was an init
+		 * (alias_op); a probe on a call of pthread_spin_unlock (no
+		 * alias) knows it for an unlock. A spinlock's word names no
+		 * holder. */
 		if (sent < 0 && op != OP_SPIN_UNLOCK) {
 			misuse = 1;
 			lock_word_holder(op, lock, &holder);
+		} else if (sent < 0 && !COOKIE_ALIAS(cookie)) {
+			misuse = 1;
 		}
 		break;
 	}
