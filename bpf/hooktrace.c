@@ -680,8 +680,9 @@ GLOBAL_FUNC long walk_stack(__u64 ip, __u64 fp)
 
 /* Sends the stack of n bytes in the scratch buffer's ips[1..], with the
  * immediate caller put back (at a probe before the function's own frame is
- * built, the caller's return address sits at ret_slot, not in the chain),
- * once per distinct hash; returns the hash. */
+ * built, the caller's return address sits at ret_slot, not in the chain;
+ * at a probe on the call, it is ret, the address after the call), once
+ * per distinct hash; returns the hash. */
 /* All ones when i < n, else 0, computed without a branch: the empty asm
  * keeps the compiler from turning the mask back into a comparison and a
  * jump. */
@@ -694,7 +695,7 @@ static __always_inline __u64 below_mask(__u32 i, __u32 n)
 	return m;
 }
 
-GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
+GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, __u64 ret, long n)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
@@ -704,9 +705,8 @@ GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
 	if (nr > MAX_FRAMES)
 		nr = MAX_FRAMES;
 	__u32 start = 1;
-	if (ret_slot) {
-		__u64 ret = 0;
-		if (!bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot) &&
+	if (ret || ret_slot) {
+		if ((ret || !bpf_probe_read_user(&ret, sizeof(ret), (void *)ret_slot)) &&
 		    (nr < 2 || s->ips[2] != ret)) {
 			s->ips[0] = s->ips[1];
 			s->ips[1] = ret;
@@ -756,7 +756,7 @@ GLOBAL_FUNC __u64 send_stack(__u32 pid, __u64 ret_slot, long n)
 /* Takes the user stack: the frame-pointer chain from uregs, or the
  * kernel's unwinder's where there are none (or a return probe is pending
  * and has swapped a return address), and sends it (send_stack). */
-static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, struct pt_regs *uregs)
+static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, __u64 ret, struct pt_regs *uregs)
 {
 	long n;
 	if (uregs) {
@@ -768,7 +768,7 @@ static __always_inline __u64 take_stack(void *ctx, __u32 pid, __u64 ret_slot, st
 			return 0;
 		n = bpf_get_stack(ctx, &s->ips[1], MAX_FRAMES * sizeof(__u64), BPF_F_USER_STACK);
 	}
-	return send_stack(pid, ret_slot, n);
+	return send_stack(pid, ret_slot, ret, n);
 }
 
 /* What decides a sample's unwound stack, hashed: the process and its
@@ -1245,16 +1245,19 @@ static __always_inline int is_try_or_timed(__u32 op)
 }
 
 /* Sends the event with the right stack: a raw sample inside an allocator
- * call (glibc frames need CFI unwinding), a frame-pointer stack otherwise. */
+ * call (glibc frames need CFI unwinding), a frame-pointer stack otherwise.
+ * call_ret: the probe is on a call, which returns there (see COOKIE_CALL);
+ * a sample is unwound from the caller then, whose ip names the call. */
 static __always_inline void send_with_stack(void *ctx, struct event *e, struct pt_regs *regs,
-					    __u64 ret_slot, struct thread_state *st)
+					    __u64 ret_slot, __u64 call_ret, struct thread_state *st)
 {
 	if ((e->flags & F_IN_ALLOC) && want_samples) {
-		struct sample_at at = {PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs), ret_slot, e->pid, e->op};
+		struct sample_at at = {PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs), call_ret ? 0 : ret_slot,
+				       e->pid, e->op};
 		e->stack = take_sample(st, &at);
 	}
 	if (!e->stack)
-		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : regs);
+		e->stack = take_stack(ctx, e->pid, ret_slot, call_ret, st->uret_pending ? 0 : regs);
 	event_send(e);
 }
 
@@ -1292,6 +1295,14 @@ int uprobe_hook(struct pt_regs *ctx)
 	__u32 op = COOKIE_OP(cookie);
 	__u64 sp = PT_REGS_SP(ctx);
 	__u64 ret_slot = sp + COOKIE_ADJ(cookie);
+	/* On a call: where its return address will be, and what it will be.
+	 * The high half means this only for lock probes. */
+	__u64 call_ret = 0;
+	if (((op >= OP_MUTEX_LOCK && op <= OP_COND_TIMEDWAIT) || (op >= OP_RWLOCK_INIT && op <= OP_SPIN_DESTROY)) &&
+	    COOKIE_CALL(cookie)) {
+		ret_slot = sp - 8;
+		call_ret = PT_REGS_IP(ctx) + COOKIE_CALL(cookie);
+	}
 	__u64 id = thread_ids(st);
 	__u16 alias_flags = 0;
 	if (is_unlock(op) && COOKIE_ALIAS(cookie))
@@ -1375,7 +1386,7 @@ int uprobe_hook(struct pt_regs *ctx)
 			e->size = a1;
 			break;
 		}
-		send_with_stack(ctx, e, ctx, ret_slot, st);
+		send_with_stack(ctx, e, ctx, ret_slot, call_ret, st);
 		if (key)
 			pattern_sent(st, key, e->stack);
 		return 0;
@@ -1395,7 +1406,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		alloc_context(e, st, ret_slot);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
-		send_with_stack(ctx, e, ctx, ret_slot, st);
+		send_with_stack(ctx, e, ctx, ret_slot, call_ret, st);
 		return 0;
 	}
 
@@ -1416,7 +1427,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		held_pop(st, e->addr2);
 		if (st->held > 0)
 			st->held--;
-		send_with_stack(ctx, e, ctx, ret_slot, st);
+		send_with_stack(ctx, e, ctx, ret_slot, call_ret, st);
 		return 0;
 	}
 
@@ -1435,9 +1446,15 @@ int uprobe_hook(struct pt_regs *ctx)
 		/* Its acquisition was only counted: so is its release. */
 		if (sent == 0)
 			return 0;
+		/* At a spinlock's shared entry such a call was an init
+		 * (alias_op); a probe on a call of pthread_spin_unlock (no
+		 * alias) knows it for an unlock. A spinlock's word names no
+		 * holder. */
 		if (sent < 0 && op != OP_SPIN_UNLOCK) {
 			misuse = 1;
 			lock_word_holder(op, lock, &holder);
+		} else if (sent < 0 && !COOKIE_ALIAS(cookie)) {
+			misuse = 1;
 		}
 		break;
 	}
@@ -1488,7 +1505,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		alloc_context(e, st, ret_slot);
 		if (!full_mode)
 			life_use(e, lock);
-		send_with_stack(ctx, e, ctx, ret_slot, st);
+		send_with_stack(ctx, e, ctx, ret_slot, call_ret, st);
 		held_push(st, lock, op, e->arg, e->stack, e->time, 1);
 		st->held++;
 		lock_page_add(id >> 32, lock);
@@ -1516,7 +1533,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		e->flags |= alias_flags;
 		/* As send_with_stack: an init is never inside an allocator call. */
 		struct life *kept = life_keep(e);
-		e->stack = take_stack(ctx, e->pid, ret_slot, st->uret_pending ? 0 : ctx);
+		e->stack = take_stack(ctx, e->pid, ret_slot, call_ret, st->uret_pending ? 0 : ctx);
 		if (kept)
 			kept->stack = e->stack;
 		else
@@ -1533,7 +1550,7 @@ int uprobe_hook(struct pt_regs *ctx)
 		if (destroy)
 			e->flags |= F_BUSY;
 		e->addr2 = holder;
-		send_with_stack(ctx, e, ctx, ret_slot, st);
+		send_with_stack(ctx, e, ctx, ret_slot, call_ret, st);
 		return 0;
 	}
 	if (destroy && life_unused(e))
@@ -1599,7 +1616,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 	if (!full_mode && (e->flags & F_ACQUIRED))
 		life_use(e, (op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT) ? e->addr2 : e->addr);
 	/* At the return the caller's frame is whole: no slot to put back. */
-	send_with_stack(ctx, e, ctx, 0, st);
+	send_with_stack(ctx, e, ctx, 0, 0, st);
 	if (e->flags & F_ACQUIRED) {
 		int cond = op == OP_COND_WAIT || op == OP_COND_TIMEDWAIT;
 		held_push(st, cond ? e->addr2 : e->addr, cond ? OP_MUTEX_LOCK : op, e->arg, e->stack, e->time, 1);
@@ -1634,7 +1651,9 @@ static __always_inline void send_object(__u64 handle, __u32 gone)
 	r->gone = gone;
 	long n = bpf_probe_read_user_str(r->path, sizeof(r->path), (void *)lm.l_name);
 	r->len = n > 0 ? n - 1 : 0;
-	bpf_ringbuf_submit(r, ring_flags());
+	/* At once: a library just loaded may call functions probed on their
+	 * calls, which the tracer probes in it when it reads this. */
+	bpf_ringbuf_submit(r, gone ? ring_flags() : BPF_RB_FORCE_WAKEUP);
 }
 
 /* The loader's entry points, told apart by the cookie (one link for all):
@@ -1791,7 +1810,7 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		e->stack = take_sample(st, &at);
 	}
 	if (!e->stack)
-		e->stack = take_stack(ctx, pid, r.sp, st->uret_pending ? 0 : &r);
+		e->stack = take_stack(ctx, pid, r.sp, 0, st->uret_pending ? 0 : &r);
 	event_send(e);
 	return 0;
 }
@@ -1821,7 +1840,7 @@ int sched_fork(struct bpf_raw_tracepoint_args *ctx)
 	e->addr = ctgid;
 	if (process)
 		e->flags |= F_PROCESS;
-	e->stack = take_stack(ctx, e->pid, 0, 0);
+	e->stack = take_stack(ctx, e->pid, 0, 0, 0);
 	event_send(e);
 	/* A followed child of fork holds the locks the forking thread held
 	 * (its fork handlers' included): the analysis is told they are the

@@ -107,8 +107,8 @@ enum event_flag {
  * the distance back to its start (24 bits) and its length in 64 KiB units
  * (8 bits), so the range is known from the first call, before user space
  * could read the process's maps. User and return probes carry a user-probe
- * index in the high 32 bits, other lock probes an alias op there. Go's side
- * is tracer/cookie.go. */
+ * index in the high 32 bits, other lock probes an alias op there, and the
+ * flags above it. Go's side is tracer/cookie.go. */
 enum cookie_layout {
 	COOKIE_OP_SHIFT = 0,
 	COOKIE_OP_BITS = 16,
@@ -122,6 +122,12 @@ enum cookie_layout {
 	/* A lock probe past the entry that a branch back to the entry makes
 	 * fire again within one call (placement.Site.Refires). */
 	COOKIE_REFIRES_SHIFT = 48,
+	/* A lock probe on a call of the function in its caller, not on the
+	 * function: the call instruction's length. The return address is not
+	 * on the stack yet: it is the address after the call. (A tail call's
+	 * jmp leaves the stack as the entry finds it: 0, as an entry.) */
+	COOKIE_CALL_SHIFT = 49,
+	COOKIE_CALL_BITS = 4,
 	COOKIE_BACK_SHIFT = 32,
 	COOKIE_BACK_BITS = 24,
 	COOKIE_LEN_SHIFT = 56,
@@ -135,6 +141,7 @@ enum cookie_layout {
 #define COOKIE_USER(c) ((__u32)((__u64)(c) >> COOKIE_USER_SHIFT))
 #define COOKIE_ALIAS(c) ((__u32)COOKIE_FIELD(c, COOKIE_ALIAS))
 #define COOKIE_REFIRES(c) (((__u64)(c) >> COOKIE_REFIRES_SHIFT) & 1)
+#define COOKIE_CALL(c) ((__u32)COOKIE_FIELD(c, COOKIE_CALL))
 #define COOKIE_RANGE_BACK(c) COOKIE_FIELD(c, COOKIE_BACK)
 #define COOKIE_RANGE_LEN(c) (COOKIE_FIELD(c, COOKIE_LEN) << COOKIE_LEN_UNIT_SHIFT)
 

@@ -12,6 +12,11 @@
 // sees: every call must pass through the new site exactly once, the argument
 // registers it reads must still hold the arguments, and it must still find
 // the return address, which the Site's StackAdjust locates.
+//
+// Where a function has no such instruction before it returns (glibc's
+// pthread_rwlock_destroy is `xor %eax,%eax; ret`), CallSites finds its
+// callers' calls of it through their PLT instead, which the kernel
+// emulates (callsite.go).
 package placement
 
 import (

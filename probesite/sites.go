@@ -6,11 +6,13 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/hooktrace/hooktrace/events"
 	"github.com/hooktrace/hooktrace/internal/funcname"
@@ -99,6 +101,23 @@ type Site struct {
 	Code   []byte
 	Choice placement.Site
 	Live   uint64 // the function's runtime address, 0 when not mapped yet
+	// Calls, when not nil, are the calls of the function through the
+	// PLTs of the process's objects (placement.CallSites): it has no
+	// instruction the kernel emulates, and its calls are probed instead
+	// of its entry, unless CallNote says why they cannot be.
+	Calls    []CallProbe
+	CallNote string
+}
+
+// CallProbe is a call of a traced function, probed in the caller.
+type CallProbe struct {
+	Op     events.Op // what the call is: the name it calls (an alias's own)
+	Object string    // the caller's object
+	File   string    // the path to attach through (as Site.File)
+	Offset uint64    // the instruction's file offset in Object
+	placement.CallSite
+	Live uint64 // the instruction's runtime address, 0 when not mapped yet
+	Code []byte // the instruction's bytes in the file
 }
 
 // PlanSites finds, for each traced function, the object that really
@@ -240,8 +259,129 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			s.Fn.Ret = false
 		}
 		s.Live = liveAddress(maps, s.Object, s.Sym.Offset)
+		planCalls(s, objs, open, via, maps)
 	}
+	probeAlike(plan, events.OpSpinLock, events.OpSpinUnlock)
 	return plan, nil
+}
+
+// probeAlike keeps a lock call and its release probed the same way, both
+// on their calls or both on their entries: calls the probes on the calls
+// miss (a library loaded later, until its calls are probed) then miss
+// both, where a lock seen taken and never released would be held for
+// good (a destroy of a held lock, false orders). pthread_spin_lock's
+// entry is emulated, past its lock-prefixed first instruction, and so
+// are its calls: it costs the same on them.
+func probeAlike(plan []Site, lock, unlock events.Op) {
+	var l, u *Site
+	for i := range plan {
+		switch plan[i].Fn.Op {
+		case lock:
+			l = &plan[i]
+		case unlock:
+			u = &plan[i]
+		}
+	}
+	if l == nil || u == nil || l.Calls == nil || u.Calls == nil {
+		return
+	}
+	if u.CallNote != "" && l.CallNote == "" {
+		l.CallNote = "entry kept, as " + u.Fn.Name + "'s"
+	}
+	if l.CallNote != "" && u.CallNote == "" {
+		u.CallNote = "entry kept, as " + l.Fn.Name + "'s"
+	}
+}
+
+// planCalls fills s.Calls when the function's entry would be
+// single-stepped, with its calls: every call the objects of the process
+// make through their PLT, the calls a preloaded library interposes. Return
+// probes need the entry, and a user probe's function may be called from
+// anywhere. s.CallNote says why the calls cannot replace the entry, if so.
+func planCalls(s *Site, objs []string, open func(string) *symbolize.Object, via map[string]string, mapped symbolize.Maps) {
+	if s.UserIdx >= 0 || s.Fn.Ret || s.Code == nil || (s.Choice.Emulated && s.Fn.Op != events.OpSpinLock) {
+		return
+	}
+	s.Calls = []CallProbe{}
+	for _, path := range objs {
+		o := open(path)
+		if o == nil {
+			continue
+		}
+		calls, why := CallsIn(s, path, via[path], o, mapped)
+		s.Calls = append(s.Calls, calls...)
+		if s.CallNote == "" {
+			s.CallNote = why
+		}
+	}
+}
+
+// CallsIn lists the calls of s's function (and of its alias) the object o
+// at path makes, attached through file, and why they cannot stand for its
+// entry ("" when they can): the object can call it otherwise than through
+// its PLT (a pointer to it), or its code could not be read. mapped are the
+// process's mappings, for the calls' live addresses.
+func CallsIn(s *Site, path, file string, o *symbolize.Object, mapped symbolize.Maps) ([]CallProbe, string) {
+	ops := map[string]events.Op{s.Fn.Name: s.Fn.Op}
+	if s.Alias != events.OpNone {
+		ops[s.Alias.String()] = s.Alias
+	}
+	names := slices.Sorted(maps.Keys(ops))
+	imp, err := callSitesOf(o, names)
+	if err != nil {
+		return nil, fmt.Sprintf("entry kept: the calls in %s cannot be read: %v", path, err)
+	}
+	why := ""
+	for _, name := range names {
+		if how, ok := imp.Escapes[name]; ok {
+			why = fmt.Sprintf("entry kept: %s can call %s other than through its PLT: %s", filepath.Base(path), name, how)
+		}
+	}
+	var calls []CallProbe
+	for _, c := range imp.Sites {
+		off, err := o.FileOffset(c.Addr)
+		code := make([]byte, c.Len)
+		if err == nil {
+			_, err = o.ReadAt(code, int64(off))
+		}
+		if err != nil {
+			why = fmt.Sprintf("entry kept: reading the call at %#x in %s: %v", c.Addr, path, err)
+			continue
+		}
+		calls = append(calls, CallProbe{Op: ops[c.Symbol], Object: path, File: file, Offset: off, CallSite: c,
+			Live: liveAddress(mapped, path, off), Code: code})
+	}
+	return calls, why
+}
+
+// callSites caches placement.CallSites by object (objects are shared by
+// file identity): a followed fork storm maps the same executable again
+// and again.
+var callSites = struct {
+	sync.Mutex
+	m map[callSitesKey]callSitesVal
+}{m: map[callSitesKey]callSitesVal{}}
+
+type callSitesKey struct {
+	obj   *symbolize.Object
+	names string
+}
+
+type callSitesVal struct {
+	imp placement.Imports
+	err error
+}
+
+func callSitesOf(o *symbolize.Object, names []string) (placement.Imports, error) {
+	k := callSitesKey{o, strings.Join(names, ",")}
+	callSites.Lock()
+	defer callSites.Unlock()
+	if v, ok := callSites.m[k]; ok {
+		return v.imp, v.err
+	}
+	imp, err := placement.CallSites(o.ELF(), names)
+	callSites.m[k] = callSitesVal{imp, err}
+	return imp, err
 }
 
 // OptionalProbe starts a user probe a rule pack asks for: a program

@@ -43,15 +43,94 @@ type Converter struct {
 	lostSeen uint64
 	// OnFork hears of a child a traced process forked, to follow.
 	OnFork func(pid uint32)
+	// OnLoad hears of a library a traced process loaded (dlopen).
+	OnLoad func(pid uint32)
 	unw    *unwind.Unwinder
 	warn   func(string)
 	// Hide is an object whose frames are not the target's (the preloaded
 	// recorder's interposers), dropped from unwound stacks.
-	Hide   string
-	procs  map[uint32]*procState
+	Hide  string
+	procs map[uint32]*procState
+	// calls: the probes placed on calls of a traced function, by where
+	// the call is, and the function called (see SetCalls).
+	calls  map[fileSpot]callee
 	events atomic.Uint64 // read by the status line
 	nextID uint32
 	rec    events.Record
+}
+
+// fileSpot is a place in an object's file.
+type fileSpot struct {
+	object string
+	offset uint64
+}
+
+// callee is the function a probed call calls, and how.
+type callee struct {
+	fileSpot
+	len  int  // the call instruction's length
+	tail bool // a tail call's jmp: the stack is as at the entry
+}
+
+// SetCalls records the probes of plan placed on calls of a traced
+// function rather than on the function (Site.Calls). Their stacks start at
+// the call, in the caller, where an entry probe's start in the function
+// and go on from the caller's return address: the converter makes them
+// start so too, and both kinds of probe, and the preloaded recorder, give
+// the same stacks. Calls are known by file and offset, for any process.
+func (c *Converter) SetCalls(plan []probesite.Site) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range plan {
+		s := &plan[i]
+		for _, call := range s.Calls {
+			if c.calls == nil {
+				c.calls = map[fileSpot]callee{}
+			}
+			c.calls[fileSpot{call.Object, call.Offset}] = callee{fileSpot{s.Object, s.Sym.Offset}, call.Len, call.Tail}
+		}
+	}
+}
+
+// atCall rewrites the first frames of a stack taken at a probe on a call
+// (pcs[0], the call) as an entry probe's would be: the function called,
+// then the call's return address (the kernel's stacks carry it already:
+// have is 1; an unwound sample's go on from the caller's: 0).
+func (c *Converter) atCall(maps symbolize.Maps, pcs []uint64, have int) []uint64 {
+	if len(pcs) == 0 {
+		return pcs
+	}
+	c.mu.Lock()
+	n := len(c.calls)
+	c.mu.Unlock()
+	if n == 0 {
+		return pcs
+	}
+	m, ok := maps.Find(pcs[0])
+	if !ok {
+		return pcs
+	}
+	c.mu.Lock()
+	to, ok := c.calls[fileSpot{m.Path, pcs[0] - m.Start + m.Offset}]
+	c.mu.Unlock()
+	if !ok {
+		return pcs
+	}
+	fn := uint64(0)
+	for _, f := range maps {
+		if f.Path == to.object && to.offset >= f.Offset && to.offset < f.Offset+(f.End-f.Start) {
+			fn = f.Start + to.offset - f.Offset
+			break
+		}
+	}
+	if fn == 0 {
+		return pcs
+	}
+	if to.tail || have == 1 {
+		return append([]uint64{fn}, pcs[1:]...)
+	}
+	// The return address is the instruction after the call.
+	return append([]uint64{fn, pcs[0] + uint64(to.len)}, pcs[1:]...)
 }
 
 // procState is what the converter knows of one address space. An exec
@@ -423,6 +502,9 @@ func (c *Converter) object(r *abi.Object) {
 	if err := p.sym.Pin(r.Base, string(path)); err != nil && c.warn != nil {
 		c.warn(fmt.Sprintf("pid %d loaded %s, whose code cannot be named: %v", r.Pid, path, err))
 	}
+	if c.OnLoad != nil {
+		c.OnLoad(r.Pid)
+	}
 }
 
 func (c *Converter) stack(r *abi.Stack) error {
@@ -431,7 +513,8 @@ func (c *Converter) stack(r *abi.Stack) error {
 		return nil // sent before the kernel's LRU forgot it
 	}
 	n := min(int(r.Nr), len(r.Ips))
-	pcs, whole := plausibleFrames(p.mapsFor(r.Ips[0]), r.Ips[:n])
+	maps := p.mapsFor(r.Ips[0])
+	pcs, whole := plausibleFrames(maps, c.atCall(maps, r.Ips[:n], 1))
 	if len(pcs) > 1 {
 		if alloc := c.allocatorCode(r.Pid); alloc != nil && alloc.Contains(p.sym, pcs[1]) {
 			p.allocCaller[r.Hash] = true
@@ -447,6 +530,7 @@ func (c *Converter) sample(r *abi.Sample, data []byte) error {
 	p := c.proc(r.Pid)
 	maps := p.mapsFor(r.Ip)
 	pcs, complete := c.unw.Unwind(p.sym.ResolveCFI, r.Ip, r.Sp, r.Bp, data)
+	pcs = c.atCall(maps, pcs, 0)
 	if c.Hide != "" {
 		pcs, complete = maps.DropObject(pcs, complete, c.Hide)
 	}

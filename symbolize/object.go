@@ -228,6 +228,10 @@ func (o *Object) CFI() *unwind.Object {
 	return o.cfi
 }
 
+// ELF is the object's ELF file, for readers of what this package does not
+// interpret (the probe placement's call sites).
+func (o *Object) ELF() *elf.File { return o.file }
+
 // CodeSegment returns the file extent of the object's first executable
 // loaded segment.
 func (o *Object) CodeSegment() (off, size uint64, ok bool) {

@@ -5,6 +5,7 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -69,10 +70,22 @@ func attachPlan(pid int, plan []probesite.Site, prog, retProg *ebpf.Program, all
 				continue
 			}
 		}
+		if useCalls(pid, s, placed, warn) {
+			for i := range s.Calls {
+				attachCall(pid, s, &s.Calls[i], add, warn)
+			}
+			continue
+		}
+		if s.UserIdx < 0 {
+			placed[fmt.Sprintf("%d:entry:%s", pid, s.Fn.Name)] = true
+		}
 		op := s.Fn.Op
 		offset := uint64(s.Choice.Offset)
 		cookie := probeCookie{op: op, adj: uint16(s.Choice.StackAdjust)}
 		note := s.Choice.Note
+		if s.CallNote != "" {
+			note += "; " + s.CallNote
+		}
 		if s.UserIdx >= 0 {
 			cookie.user = uint32(s.UserIdx)
 		} else if op.IsAllocator() && alloc != nil && s.Obj == alloc.Obj {
@@ -127,6 +140,53 @@ func attachPlan(pid int, plan []probesite.Site, prog, retProg *ebpf.Program, all
 		sites = append(sites, b.sites...)
 	}
 	return links, sites
+}
+
+// useCalls decides whether s's function is probed on its calls: when it
+// can be, unless its entry is probed for pid already; or when its calls
+// are, whatever the objects loaded since allow (a probe on the entry too
+// would count each call twice). Either probe stays, as an exec keeps it.
+func useCalls(pid int, s *probesite.Site, placed map[string]bool, warn func(string)) bool {
+	if s.Calls == nil {
+		return false
+	}
+	calls := fmt.Sprintf("%d:calls:%s", pid, s.Fn.Name)
+	switch {
+	case placed[calls]:
+		if said := fmt.Sprintf("%d:said:%s", pid, s.CallNote); s.CallNote != "" && !placed[said] {
+			placed[said] = true
+			warn(fmt.Sprintf("%s stays probed on its calls, which miss some now: %s", s.Fn.Name, s.CallNote))
+		}
+	case s.CallNote != "" || placed[fmt.Sprintf("%d:entry:%s", pid, s.Fn.Name)]:
+		return false
+	}
+	placed[calls] = true
+	return true
+}
+
+// attachCall plans the probe on one call of s's function, in place of
+// its entry probe: the kernel emulates a call or jmp, where it
+// single-steps the function's first instruction.
+func attachCall(pid int, s *probesite.Site, c *probesite.CallProbe, add func(object, file string, ret bool, addr, cookie uint64, ps events.ProbeSite), warn func(string)) {
+	if c.Live != 0 {
+		if err := placement.CheckLive(pid, c.Live, c.Code); err != nil && !errors.Is(err, placement.ErrBreakpoint) {
+			warn(fmt.Sprintf("not probing the call of %s at %#x in %s: %v", c.Symbol, c.Addr, c.Object, err))
+			return
+		}
+	}
+	cookie := probeCookie{op: c.Op}
+	where := "a tail call"
+	if !c.Tail {
+		cookie.call = uint8(c.Len)
+		where = "a call"
+	}
+	how := "emulated"
+	if !c.Emulated {
+		how = "single-stepped, as the entry is"
+	}
+	add(c.Object, c.File, false, c.Offset, cookie.encode(), events.ProbeSite{Name: c.Symbol, Object: c.Object,
+		Address: c.Addr, Kind: "uprobe",
+		Note: fmt.Sprintf("%s of %s in %s: %s (%s); %s", where, c.Symbol, filepath.Base(s.Object), c.Instruction, how, s.Choice.Note)})
 }
 
 // userField is a user probe's index for its cookie; 0 for the others,

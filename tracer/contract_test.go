@@ -142,9 +142,12 @@ func TestCookieRoundTrip(t *testing.T) {
 		{op: events.OpSpinTrylock, user: 0xfff},
 		{op: events.OpSpinUnlock, adj: 8, alias: events.OpSpinInit},
 		{op: events.OpSpinLock, adj: 0, refires: true},
+		{op: events.OpSpinInit, call: 5},
+		{op: events.OpSpinUnlock, call: 15, alias: events.OpSpinInit},
 	} {
 		if got := decodeCookie(c.encode()); got.op != c.op || got.adj != c.adj ||
 			(c.user != 0 && got.user != c.user) || (c.alias != 0 && got.alias != c.alias) || got.refires != c.refires ||
+			(!c.op.IsAllocator() && c.user == 0 && got.call != c.call) ||
 			(c.op.IsAllocator() && (got.back != c.back || got.length != c.length)) {
 			t.Errorf("%+v decodes as %+v", c, got)
 		}
@@ -166,9 +169,9 @@ func TestCookieMatchesC(t *testing.T) {
 int main(int argc, char **argv) {
 	for (int i = 1; i < argc; i++) {
 		__u64 c = strtoull(argv[i], 0, 0);
-		printf("%%u %%u %%u %%llu %%llu %%u %%u\n", COOKIE_OP(c), COOKIE_ADJ(c), COOKIE_USER(c),
+		printf("%%u %%u %%u %%llu %%llu %%u %%u %%u\n", COOKIE_OP(c), COOKIE_ADJ(c), COOKIE_USER(c),
 		       (unsigned long long)COOKIE_RANGE_BACK(c), (unsigned long long)COOKIE_RANGE_LEN(c),
-		       COOKIE_ALIAS(c), (unsigned)COOKIE_REFIRES(c));
+		       COOKIE_ALIAS(c), (unsigned)COOKIE_REFIRES(c), COOKIE_CALL(c));
 	}
 	return 0;
 }
@@ -190,6 +193,8 @@ int main(int argc, char **argv) {
 		{op: events.OpMutexTrylock, user: 0xfff},
 		{op: events.OpSpinUnlock, adj: 8, alias: events.OpSpinInit},
 		{op: events.OpSpinLock, refires: true},
+		{op: events.OpSpinInit, call: 6},
+		{op: events.OpSpinUnlock, call: 5, alias: events.OpSpinInit},
 	}
 	args := make([]string, len(cookies))
 	for i, c := range cookies {
@@ -204,7 +209,7 @@ int main(int argc, char **argv) {
 		// Go's decoding of its own encoding, which TestCookieRoundTrip
 		// holds to the fields set.
 		d := decodeCookie(c.encode())
-		want := fmt.Sprintf("%d %d %d %d %d %d %d", d.op, d.adj, d.user, d.back, d.rangeBytes(), d.alias, b2u64(d.refires))
+		want := fmt.Sprintf("%d %d %d %d %d %d %d %d", d.op, d.adj, d.user, d.back, d.rangeBytes(), d.alias, b2u64(d.refires), d.call)
 		if i >= len(lines) || lines[i] != want {
 			t.Errorf("cookie %+v: C reads %q, want %q", c, lines[min(i, len(lines)-1)], want)
 		}

@@ -25,6 +25,10 @@ type probeCookie struct {
 	alias events.Op
 	// refires: the site can fire more than once in one call.
 	refires bool
+	// call (lock probes): the probe is on a call of the function, this
+	// many bytes long (0 for an entry, or a tail call's jmp, which leaves
+	// the stack as the entry finds it).
+	call uint8
 }
 
 const (
@@ -36,6 +40,8 @@ const (
 	cookieAliasShift = uint64(abi.CookieAliasShift)
 	cookieAliasBits  = uint64(abi.CookieAliasBits)
 	cookieRefires    = uint64(abi.CookieRefiresShift)
+	cookieCallShift  = uint64(abi.CookieCallShift)
+	cookieCallBits   = uint64(abi.CookieCallBits)
 	cookieBackShift  = uint64(abi.CookieBackShift)
 	cookieBackBits   = uint64(abi.CookieBackBits)
 	cookieLenShift   = uint64(abi.CookieLenShift)
@@ -54,7 +60,8 @@ func (c probeCookie) encode() uint64 {
 		uint64(c.back)&(1<<cookieBackBits-1)<<cookieBackShift |
 		uint64(c.length)&(1<<cookieLenBits-1)<<cookieLenShift |
 		uint64(c.alias)&(1<<cookieAliasBits-1)<<cookieAliasShift |
-		b2u64(c.refires)<<cookieRefires
+		b2u64(c.refires)<<cookieRefires |
+		uint64(c.call)&(1<<cookieCallBits-1)<<cookieCallShift
 }
 
 func b2u64(b bool) uint64 {
@@ -75,6 +82,7 @@ func decodeCookie(v uint64) probeCookie {
 		length:  uint32(field(v, cookieLenShift, cookieLenBits)),
 		alias:   events.Op(field(v, cookieAliasShift, cookieAliasBits)),
 		refires: field(v, cookieRefires, 1) != 0,
+		call:    uint8(field(v, cookieCallShift, cookieCallBits)),
 	}
 }
 

@@ -57,8 +57,9 @@ type Tracer struct {
 	// placeMu serializes placements: the gate's goroutine places a held
 	// child's probes while the reader may place another's.
 	placeMu sync.Mutex
-	placed  map[string]bool // pid:object:offset:ret of every probe placed
-	follows sync.WaitGroup  // placements started by the reader
+	placed  map[string]bool       // pid:object:offset:ret of every probe placed
+	plans   map[int][]probesite.Site // each process's last plan, for the libraries it loads
+	follows sync.WaitGroup        // placements started by the reader
 
 	// What was read from the ring: records and bytes, for the bench's
 	// bandwidth figures.
@@ -273,6 +274,7 @@ func (t *Tracer) place(pid int, exe string) error {
 	}
 	alloc := probesite.FindAllocator(plan)
 	t.conv.SetAllocator(uint32(pid), alloc)
+	t.conv.SetCalls(plan)
 	if alloc != nil {
 		alloc.Obj.PrefetchDWARF() // the probes' stacks start in it
 	}
@@ -285,6 +287,10 @@ func (t *Tracer) place(pid int, exe string) error {
 		t.placed = map[string]bool{}
 	}
 	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.placed, t.opts.Warn)
+	if t.plans == nil {
+		t.plans = map[int][]probesite.Site{}
+	}
+	t.plans[pid] = plan
 	// Return probes corrupt Go's moving stacks (see PlanSites).
 	exePath := exe
 	if exePath == "" {
@@ -306,6 +312,63 @@ func (t *Tracer) place(pid int, exe string) error {
 	t.sites = append(t.sites, sites...)
 	t.mu.Unlock()
 	return nil
+}
+
+// loaded probes the calls that libraries pid loaded since its probes were
+// placed (dlopen) make of the functions probed on their calls: nothing
+// else sees those calls. What such a library called before this (its
+// constructors, run inside dlopen, and until the reader has seen the
+// dlopen return) is missed.
+func (t *Tracer) loaded(pid int) {
+	t.placeMu.Lock()
+	defer t.placeMu.Unlock()
+	var onCalls []probesite.Site
+	for _, s := range t.plans[pid] {
+		if t.placed[fmt.Sprintf("%d:calls:%s", pid, s.Fn.Name)] {
+			onCalls = append(onCalls, s)
+		}
+	}
+	if len(onCalls) == 0 {
+		return
+	}
+	maps, err := symbolize.ReadMaps(pid)
+	if err != nil {
+		return // it has exited
+	}
+	for i := range onCalls {
+		onCalls[i].Calls, onCalls[i].CallNote = nil, ""
+	}
+	seen := map[string]bool{}
+	for _, m := range maps {
+		if !m.IsFile() || !m.Executable() || seen[m.Path] {
+			continue
+		}
+		seen[m.Path] = true
+		o, via, err := symbolize.OpenMapped(pid, m)
+		if err != nil {
+			continue
+		}
+		for i := range onCalls {
+			s := &onCalls[i]
+			calls, why := probesite.CallsIn(s, m.Path, via, o, maps)
+			s.Calls = append(s.Calls, calls...)
+			if why != "" && s.CallNote == "" {
+				s.CallNote = why
+			}
+		}
+	}
+	t.conv.SetCalls(onCalls)
+	links, sites := attachPlan(pid, onCalls, t.objs.UprobeHook, t.objs.UretprobeHook, nil, t.placed, t.opts.Warn)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		for _, l := range links {
+			l.Close()
+		}
+		return
+	}
+	t.links = append(t.links, links...)
+	t.sites = append(t.sites, sites...)
 }
 
 // Sites lists where the tracer attached.
@@ -356,6 +419,16 @@ func (t *Tracer) Run(stop <-chan struct{}, emit func(*events.Record) error) erro
 				if err := t.Attach(int(pid), ""); err != nil {
 					t.opts.Warn(fmt.Sprintf("following child %d: %v", pid, err))
 				}
+			}()
+		}
+	}
+	if !t.opts.SyscallsOnly {
+		// As for a fork: the reader must not wait for the placing.
+		t.conv.OnLoad = func(pid uint32) {
+			t.follows.Add(1)
+			go func() {
+				defer t.follows.Done()
+				t.loaded(int(pid))
 			}()
 		}
 	}

@@ -52,6 +52,8 @@ const (
 	CookieAliasShift   = hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT
 	CookieAliasBits    = hooktraceCookieLayoutCOOKIE_ALIAS_BITS
 	CookieRefiresShift = hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT
+	CookieCallShift    = hooktraceCookieLayoutCOOKIE_CALL_SHIFT
+	CookieCallBits     = hooktraceCookieLayoutCOOKIE_CALL_BITS
 	CookieBackShift    = hooktraceCookieLayoutCOOKIE_BACK_SHIFT
 	CookieBackBits     = hooktraceCookieLayoutCOOKIE_BACK_BITS
 	CookieLenShift     = hooktraceCookieLayoutCOOKIE_LEN_SHIFT

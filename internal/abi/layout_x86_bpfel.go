@@ -24,6 +24,8 @@ const (
 	hooktraceCookieLayoutCOOKIE_ALIAS_SHIFT    hooktraceCookieLayout = 32
 	hooktraceCookieLayoutCOOKIE_ALIAS_BITS     hooktraceCookieLayout = 16
 	hooktraceCookieLayoutCOOKIE_REFIRES_SHIFT  hooktraceCookieLayout = 48
+	hooktraceCookieLayoutCOOKIE_CALL_SHIFT     hooktraceCookieLayout = 49
+	hooktraceCookieLayoutCOOKIE_CALL_BITS      hooktraceCookieLayout = 4
 	hooktraceCookieLayoutCOOKIE_BACK_SHIFT     hooktraceCookieLayout = 32
 	hooktraceCookieLayoutCOOKIE_BACK_BITS      hooktraceCookieLayout = 24
 	hooktraceCookieLayoutCOOKIE_LEN_SHIFT      hooktraceCookieLayout = 56

@@ -26,6 +26,11 @@ check() {
 # vma_lock and glibc's arena lock.
 HOOKTRACE_EXPECT_EBPF=loads check ebpf-inversion -test.run '^TestAutoWhereEBPFCannotLoad$'
 check ebpf-rcache -test.run '^TestDemo$/^ebpf$'
+# Probes on the calls of the lock functions whose entries are
+# single-stepped: one uprobe_multi link an object on 6.6 and later, one
+# perf-event uprobe a call before; from the start and in a library
+# loaded later, with the stacks and counts of the preloaded recorder.
+check call-sites -test.run '^TestCallSiteProbes'
 # attach: to a running program (the probes placed in a live process), and
 # to a deadlocked one (found by its threads' samples, eBPF loaded or not).
 check attach-running -test.run '^TestAttachLeavesTargetRight$'

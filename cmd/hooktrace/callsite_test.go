@@ -1,0 +1,262 @@
+//go:build linux && amd64
+
+package main
+
+import (
+	"debug/elf"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hooktrace/hooktrace/events"
+	"github.com/hooktrace/hooktrace/internal/testenv"
+	"github.com/hooktrace/hooktrace/placement"
+)
+
+// callSiteFuncs are the functions the eBPF recorder probes at their calls
+// on glibc 2.36, whose entries the kernel must single-step, and
+// pthread_spin_lock, probed as its unlock is.
+var callSiteFuncs = []string{"pthread_rwlock_init", "pthread_rwlock_destroy", "pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"}
+
+// TestCallSiteProbes: testdata/calls.c calls the call-probed functions
+// through its PLT, directly and by tail calls, and through the PLT of a
+// library of its own (libcalls.c), with pthread_spin_lock and the rwlock
+// lock calls among them; two rwlocks made through the library's tail call
+// are taken in both orders. The eBPF recorder places those functions'
+// probes on the calls, in both objects, and none on their entries; it
+// counts every call as the preloaded recorder does, and in full mode every
+// event of those lock calls comes with the very stack the preloaded
+// recorder gives it (the function called by name: the eBPF probes on the
+// rwlock lock calls sit past their entries). In aggregate mode
+// each stack it sends is one of those. Every run finds the one cycle,
+// between locks named by where they were made.
+func TestCallSiteProbes(t *testing.T) {
+	testenv.RequireBPF(t)
+	dir, prog, _ := buildCalls(t)
+	const n = 10
+	want := map[string]uint64{
+		"pthread_spin_init": 4 * n / 2, "pthread_spin_lock": 2 * n, "pthread_spin_unlock": 2 * n, "pthread_spin_destroy": 2 * n,
+		"pthread_rwlock_init": n + 2, "pthread_rwlock_destroy": n + 2, "pthread_rwlock_rdlock": n,
+		"pthread_rwlock_wrlock": 4, "pthread_rwlock_unlock": n + 4,
+	}
+	stacks := map[string]map[string]int{} // recorder mode -> op and stack -> events
+	var first []finding
+	for _, rec := range []string{"preload", "ebpf"} {
+		for _, mode := range []string{"full", "aggregate"} {
+			run := rec + " " + mode
+			trace := filepath.Join(dir, rec+"-"+mode+".htr")
+			rep, fs := traceOnce(t, []string{"--recorder", rec, "--mode", mode, "-o", trace}, prog, fmt.Sprint(n))
+			for name, w := range want {
+				if got := rep.Stats.Calls[name]; got != w {
+					t.Errorf("%s: %s called %d times, want %d", run, name, got, w)
+				}
+			}
+			cycles := ofKind(fs, "lock-order-cycle", "error")
+			if len(fs) != 1 || len(cycles) != 1 || !slices.ContainsFunc(cycles[0].Locks, func(l string) bool {
+				return strings.HasPrefix(l, "rwlock initialised at main+") && strings.HasSuffix(l, " (calls)")
+			}) {
+				t.Errorf("%s: want one cycle between rwlocks initialised in main, got%s", run, verdicts(fs))
+			}
+			if first == nil {
+				first = fs
+			} else if !sameFindings(first, fs) {
+				t.Errorf("%s finds otherwise than preload full:%s\nand%s", run, verdicts(fs), verdicts(first))
+			}
+			probes, got := traceStacks(t, trace)
+			stacks[run] = got
+			if rec == "ebpf" {
+				checkCallProbes(t, run, probes, filepath.Base(prog), "libcalls.so")
+			}
+		}
+	}
+	if p, e := stacks["preload full"], stacks["ebpf full"]; !mapsEqual(p, e) {
+		t.Errorf("the recorders' stacks differ in full mode:\npreload:%s\nebpf:%s", fmtStacks(p), fmtStacks(e))
+	}
+	for k := range stacks["ebpf aggregate"] {
+		if _, ok := stacks["preload full"][k]; !ok {
+			t.Errorf("ebpf aggregate sent a stack no call had under preload: %s", k)
+		}
+	}
+}
+
+// buildCalls builds testdata/calls.c linked with libcalls.c, which it
+// copies into dir: the program, and the library as built.
+func buildCalls(t *testing.T) (dir, prog, lib string) {
+	t.Helper()
+	dir = t.TempDir()
+	lib = testenv.C{Source: filepath.Join(testenv.RepoRoot(t), "testdata", "libcalls.c"), Name: "libcalls.so",
+		Flags: append(slices.Clone(testenv.CFlags), "-fPIC", "-shared")}.Build(t)
+	copyFile(t, lib, filepath.Join(dir, "libcalls.so"), 0o755)
+	prog = testenv.Program(t, "calls", "-Wl,--no-as-needed", "-L"+dir, "-lcalls", "-Wl,-rpath,"+dir)
+	return dir, prog, lib
+}
+
+// checkCallProbes checks that the call-probed functions are probed on
+// their calls in each of objects, and nowhere else.
+func checkCallProbes(t *testing.T, run string, probes []events.ProbeSite, objects ...string) {
+	t.Helper()
+	in := map[string]map[string]bool{} // function -> objects probed in
+	for _, p := range probes {
+		if !slices.Contains(callSiteFuncs, p.Name) {
+			continue
+		}
+		if in[p.Name] == nil {
+			in[p.Name] = map[string]bool{}
+		}
+		in[p.Name][filepath.Base(p.Object)] = true
+		if !strings.Contains(p.Note, "call of "+p.Name) {
+			t.Errorf("%s: %s probed at %s+%#x: %s; want its calls", run, p.Name, filepath.Base(p.Object), p.Address, p.Note)
+		}
+	}
+	for _, fn := range callSiteFuncs {
+		for _, o := range objects {
+			if !in[fn][o] {
+				t.Errorf("%s: no call of %s probed in %s (probed in %v)", run, fn, o, in[fn])
+			}
+		}
+	}
+}
+
+// traceStacks reads a trace's probe sites and, for each event of a lock
+// call, its op and stack, counted: the probed function's frames (the
+// first address, and functions inlined there) by function, the others by
+// function, offset, object and line.
+func traceStacks(t *testing.T, path string) ([]events.ProbeSite, map[string]int) {
+	t.Helper()
+	r, err := events.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var probes []events.ProbeSite
+	frames := map[uint32]string{}
+	out := map[string]int{}
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("reading %s: %v", path, err)
+		}
+		switch rec.Kind {
+		case events.RecHeader:
+			probes = append(probes, rec.Header.Probes...)
+		case events.RecStack:
+			var b strings.Builder
+			for i, f := range rec.Stack.Frames {
+				if f.Addr == rec.Stack.Frames[0].Addr {
+					// The probed function, and what is inlined there.
+					if i > 0 {
+						b.WriteString(" <- ")
+					}
+					b.WriteString(f.Function)
+					continue
+				}
+				fmt.Fprintf(&b, " <- %s+%#x (%s:%d, %s)", f.Function, f.Offset, filepath.Base(f.File), f.Line, filepath.Base(f.Object))
+			}
+			frames[rec.Stack.ID] = b.String()
+		case events.RecEvent:
+			e := rec.Event
+			if !strings.HasPrefix(e.Op.String(), "pthread_spin_") && !strings.HasPrefix(e.Op.String(), "pthread_rwlock_") {
+				continue
+			}
+			stack := "no stack"
+			if e.Stack != 0 {
+				stack = frames[e.Stack]
+			}
+			out[e.Op.String()+": "+stack]++
+		}
+	}
+	return probes, out
+}
+
+func mapsEqual(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func fmtStacks(m map[string]int) string {
+	var lines []string
+	for k, v := range m {
+		lines = append(lines, fmt.Sprintf("\n  %4d %s", v, k))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "")
+}
+
+// TestCallSiteProbesInLoadedLibrary: a library the program loads with
+// dlopen is probed on its calls once the tracer hears of it (the program
+// waits until the probes show in its code), and then its spinlock lives
+// are counted as the preloaded recorder counts them.
+func TestCallSiteProbesInLoadedLibrary(t *testing.T) {
+	testenv.RequireBPF(t)
+	dir, prog, lib := buildCalls(t)
+	// Another file: the copy the program links is probed from the start.
+	loaded := filepath.Join(dir, "libcalls-loaded.so")
+	copyFile(t, lib, loaded, 0o755)
+	const n = 10
+	for _, rec := range []string{"preload", "ebpf"} {
+		for _, mode := range []string{"full", "aggregate"} {
+			run := rec + " " + mode
+			sites := "0"
+			if rec == "ebpf" {
+				sites = fmt.Sprint(callsNear(t, loaded, "lib_spin_life", 256))
+			}
+			rep, fs := traceOnce(t, []string{"--recorder", rec, "--mode", mode}, prog, fmt.Sprint(n), "dlopen", loaded, sites)
+			for _, name := range []string{"pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"} {
+				if got := rep.Stats.Calls[name]; got != n {
+					t.Errorf("%s: %s called %d times, want %d", run, name, got, n)
+				}
+			}
+			if len(fs) != 0 {
+				t.Errorf("%s: want no finding, got%s", run, verdicts(fs))
+			}
+		}
+	}
+}
+
+// callsNear counts the calls of traced functions the eBPF recorder probes
+// in the n bytes of lib from function fn on.
+func callsNear(t *testing.T, lib, fn string, n uint64) int {
+	t.Helper()
+	f, err := elf.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := uint64(0)
+	for _, s := range syms {
+		if s.Name == fn {
+			at = s.Value
+		}
+	}
+	imp, err := placement.CallSites(f, callSiteFuncs)
+	if err != nil || at == 0 {
+		t.Fatalf("finding the calls in %s of %s: %v", lib, fn, err)
+	}
+	count := 0
+	for _, c := range imp.Sites {
+		if c.Addr >= at && c.Addr < at+n {
+			count++
+		}
+	}
+	if count == 0 {
+		t.Fatalf("no call probed near %s in %s", fn, lib)
+	}
+	return count
+}
