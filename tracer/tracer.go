@@ -57,9 +57,9 @@ type Tracer struct {
 	// placeMu serializes placements: the gate's goroutine places a held
 	// child's probes while the reader may place another's.
 	placeMu sync.Mutex
-	placed  map[string]bool       // pid:object:offset:ret of every probe placed
+	placed  map[string]bool          // pid:object:offset:ret of every probe placed
 	plans   map[int][]probesite.Site // each process's last plan, for the libraries it loads
-	follows sync.WaitGroup        // placements started by the reader
+	follows sync.WaitGroup           // placements started by the reader
 
 	// What was read from the ring: records and bytes, for the bench's
 	// bandwidth figures.
