@@ -296,7 +296,7 @@ func (a *Analyzer) otherEvent(t *thread, e *events.Event, inAlloc bool) {
 	case events.OpProbeEnter:
 		a.probeEnter(t, e, inAlloc)
 	case events.OpProbeExit:
-		t.probeExit(e.Arg)
+		t.probeExit(e.Arg, e.Size)
 	case events.OpThreadCreate:
 		if e.Flags&events.FlagProcess != 0 {
 			t.stream.fork(t.pid, uint32(e.Arg))

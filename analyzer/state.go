@@ -96,6 +96,7 @@ type activeProbe struct {
 	index   uint64
 	name    string
 	arg0    uint64 // the function's first integer argument (Rule.OuterArg0)
+	slot    uint64 // where its return address is; 0 if the trace does not say
 	stack   uint32
 	inAlloc bool
 	allocOp events.Op
@@ -287,7 +288,7 @@ func (a *Analyzer) retake(t *thread, i int, q acquisition) {
 // probeEnter pushes a user-probed function and checks nesting rules.
 func (a *Analyzer) probeEnter(t *thread, e *events.Event, inAlloc bool) {
 	name := t.stream.probeName(e.Arg)
-	p := activeProbe{index: e.Arg, name: name, arg0: e.Addr, stack: e.Stack, inAlloc: inAlloc}
+	p := activeProbe{index: e.Arg, name: name, arg0: e.Addr, slot: e.Size, stack: e.Stack, inAlloc: inAlloc}
 	if a.unlessRules {
 		t.stream.enteredProbe(t.pid, e.Arg)
 	}
@@ -306,18 +307,39 @@ func (a *Analyzer) probeEnter(t *thread, e *events.Event, inAlloc bool) {
 }
 
 // probeExit pops the function, and any left open above it (a longjmp out
-// of them, or their exits were lost).
-func (t *thread) probeExit(idx uint64) {
+// of them, or their exits were lost). A function whose entry the thread
+// does not have was entered on another thread of the process by a
+// user-level thread that moved: it is popped there, alone.
+func (t *thread) probeExit(idx, slot uint64) {
+	if t.popProbe(idx, slot, true) || slot == 0 {
+		return
+	}
+	for _, o := range t.stream.threads {
+		if o != t && o.pid == t.pid && o.popProbe(idx, slot, false) {
+			return
+		}
+	}
+}
+
+// popProbe pops the newest active probe idx entered at slot (any slot,
+// when either is 0), and with above those entered after it.
+func (t *thread) popProbe(idx, slot uint64, above bool) bool {
 	for i := len(t.probes) - 1; i >= 0; i-- {
-		if t.probes[i].index != idx {
+		p := t.probes[i]
+		if p.index != idx || (slot != 0 && p.slot != 0 && p.slot != slot) {
 			continue
 		}
-		for _, p := range t.probes[i:] {
-			if p.inAlloc {
+		end := i + 1
+		if above {
+			end = len(t.probes)
+		}
+		for _, q := range t.probes[i:end] {
+			if q.inAlloc {
 				t.probesInAlloc--
 			}
 		}
-		t.probes = t.probes[:i]
-		return
+		t.probes = append(t.probes[:i], t.probes[end:]...)
+		return true
 	}
+	return false
 }

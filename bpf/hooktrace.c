@@ -1403,6 +1403,9 @@ int uprobe_hook(struct pt_regs *ctx)
 		 * with one value ("NAME if arg0 == V"). User probes sit at the
 		 * entry, where rdi still holds it. */
 		e->addr = PT_REGS_PARM1(ctx);
+		/* Where its return address is: its exit names the same slot, on
+		 * whichever thread it returns. */
+		e->size = ret_slot;
 		alloc_context(e, st, ret_slot);
 		if (st->held > 0)
 			e->flags |= F_LOCKS_HELD;
@@ -1587,6 +1590,7 @@ int uretprobe_hook(struct pt_regs *ctx)
 		e->flags |= F_RETURN;
 		e->arg = COOKIE_USER(cookie);
 		e->ret = ret;
+		e->size = PT_REGS_SP(ctx) - 8; /* its ret popped the slot */
 		event_send(e);
 		return 0;
 	}

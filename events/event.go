@@ -299,7 +299,10 @@ func (k MutexKind) String() string {
 //	exec:          PID keeps its number; everything before belongs to the
 //	               old image.
 //	probe_*:       Arg = index into Header.UserProbes.
-//	probe_enter:   Addr = the function's first integer argument (rdi).
+//	probe_enter:   Addr = the function's first integer argument (rdi);
+//	               Size = the stack slot of its return address, which its
+//	               probe_exit carries too (0 in older traces): a user-level
+//	               thread may return on another thread.
 //
 // FlagInAlloc events carry the enclosing allocator call in Addr2: its op in
 // the low 16 bits, and above them a number the thread's outermost allocator

@@ -17,7 +17,62 @@ static struct probe {
 static int nprobes;
 static struct sigaction old_trap;
 
-static void shadow_prune(struct tstate *t);
+/* Return addresses of probed functions, swapped for the exit stub while
+ * they run: one table for the process, not one a thread, since a
+ * user-level thread (Argobots, Qthreads, Boost.Context) may enter a probed
+ * function on one thread and return on another. A spinlock owned by a
+ * thread guards it. A signal handler that interrupts the holder and
+ * reaches a probe on the same thread cannot wait for it: that entry's
+ * exit goes unrecorded, counted lost. Entries are in the order they were
+ * made. Two live frames share a return address's slot only when a probed
+ * function tail-calls another (its jmp leaves the stub in the slot): the
+ * newer entry's return address is then the stub, and the exit goes
+ * through it twice, once for each. */
+#define EXITS_MAX 1024
+static struct exit_entry {
+	__u64 slot; /* where on the stack */
+	__u64 ret;  /* what was there */
+	__u32 index;
+} exits[EXITS_MAX];
+static __u32 nexits;
+static __u64 exits_owner; /* the holder's &ts, 0 when free */
+
+/* exits_lock takes the table; 0 when this thread holds it already (a
+ * signal handler interrupted it there). */
+static int exits_lock(void)
+{
+	__u64 me = (__u64)&ts, free = 0;
+	if (__atomic_load_n(&exits_owner, __ATOMIC_RELAXED) == me)
+		return 0;
+	while (!__atomic_compare_exchange_n(&exits_owner, &free, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+		free = 0;
+		__builtin_ia32_pause();
+	}
+	return 1;
+}
+
+static void exits_unlock(void)
+{
+	__atomic_store_n(&exits_owner, 0, __ATOMIC_RELEASE);
+}
+
+/* exit_find is the newest entry of slot, or -1; the table is held. */
+static int exit_find(__u64 slot)
+{
+	for (__u32 i = nexits; i-- > 0;)
+		if (exits[i].slot == slot)
+			return (int)i;
+	return -1;
+}
+
+static void exit_remove(int i)
+{
+	for (__u32 j = (__u32)i; j + 1 < nexits; j++)
+		exits[j] = exits[j + 1];
+	nexits--;
+}
+
+static void exits_prune(void);
 
 static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 {
@@ -31,6 +86,9 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 	/* The first integer argument, for rules on it ("NAME if arg0 == V"):
 	 * the breakpoint is at the entry, where rdi still holds it. */
 	e.addr = (__u64)uc->uc_mcontext.gregs[REG_RDI];
+	/* Where its return address is: its exit names the same slot, on
+	 * whichever thread it returns. */
+	e.size = sp;
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
 	alloc_context(t, &e);
@@ -43,11 +101,11 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 		__u32 n = 0;
 		r.ips[n++] = pr->addr;
 		if (t->stack_hi)
-			r.ips[n++] = real_ret(t, sp, *(__u64 *)sp);
+			r.ips[n++] = real_ret(sp, *(__u64 *)sp);
 		__u64 lo = sp, fp = bp, hi = readable_top(t, sp, WALK_SPAN);
 		while (n < MAX_FRAMES && fp > lo && fp + 16 <= hi && !(fp & 7)) {
 			__u64 *f = (__u64 *)fp;
-			__u64 ra = real_ret(t, fp + 8, f[1]);
+			__u64 ra = real_ret(fp + 8, f[1]);
 			if (!ra)
 				break;
 			r.ips[n++] = ra;
@@ -61,23 +119,64 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 	 * uretprobe's does through the kernel's trampoline. */
 	if (!t->stack_hi)
 		return;
-	/* An entry for this very slot is of a frame that is gone (a longjmp
-	 * left it): two live frames never share a return address's slot. */
-	for (__u32 i = t->nshadow; i-- > 0;)
-		if (t->shadow[i].slot == sp) {
-			for (; i + 1 < t->nshadow; i++)
-				t->shadow[i] = t->shadow[i + 1];
-			t->nshadow--;
-			break;
-		}
-	if (t->nshadow == SHADOW_SLOTS)
-		shadow_prune(t);
-	if (t->nshadow < SHADOW_SLOTS) {
-		t->shadow[t->nshadow++] = (struct shadow){sp, *(__u64 *)sp, pr->index};
+	if (!exits_lock()) {
+		count_lost(REC_EVENT); /* its exit goes unrecorded */
+		return;
+	}
+	/* A call wrote a return address over the stub: the entries of this
+	 * slot are of frames a longjmp left. */
+	if (*(__u64 *)sp != (__u64)probe_exit_stub)
+		for (int old; (old = exit_find(sp)) >= 0;)
+			exit_remove(old);
+	if (nexits == EXITS_MAX)
+		exits_prune();
+	if (nexits < EXITS_MAX) {
+		exits[nexits++] = (struct exit_entry){sp, *(__u64 *)sp, pr->index};
 		*(__u64 *)sp = (__u64)probe_exit_stub;
 	} else {
-		count_lost(REC_EVENT); /* its exit goes unrecorded */
+		count_lost(REC_EVENT);
 	}
+	exits_unlock();
+}
+
+/* The return address in a stack slot, as the program put it there: a
+ * probed function's is swapped for the exit stub while it runs. */
+__u64 real_ret(__u64 slot, __u64 v)
+{
+	if (v != (__u64)probe_exit_stub || !exits_lock())
+		return v;
+	/* The oldest entry of the slot: a tail call's newer one holds the
+	 * stub. */
+	for (__u32 i = 0; i < nexits; i++)
+		if (exits[i].slot == slot) {
+			v = exits[i].ret;
+			break;
+		}
+	exits_unlock();
+	return v;
+}
+
+/* Puts the program's return addresses back into copy, a copy of the
+ * stack from sp, len bytes long, where probed functions run. */
+void restore_returns(__u8 *copy, __u64 sp, __u64 len)
+{
+	if (__atomic_load_n(&nexits, __ATOMIC_RELAXED) == 0 || !exits_lock())
+		return;
+	for (__u32 i = 0; i < nexits; i++) {
+		__u64 slot = exits[i].slot;
+		if (slot >= sp && slot + 8 <= sp + len && exits[i].ret != (__u64)probe_exit_stub)
+			memcpy(copy + (slot - sp), &exits[i].ret, 8);
+	}
+	exits_unlock();
+}
+
+/* In a fork child, the table's holder, if any, is a thread the child does
+ * not have. Its entries stay: the forking thread's frames return in the
+ * child too; the others' stacks never run again and are pruned when the
+ * table fills. */
+void exits_after_fork(void)
+{
+	exits_owner = 0;
 }
 
 /* Whether the word at slot still holds the exit stub, read without
@@ -93,36 +192,39 @@ static int holds_exit_stub(__u64 slot)
 }
 
 /* Drops the entries whose slot no longer holds the exit stub: frames a
- * longjmp left, whose stack was reused since. An entry of another stack
- * (a user-level thread switched out with swapcontext) still holds it and
- * stays, whatever its address. */
-static void shadow_prune(struct tstate *t)
+ * longjmp left, whose stack was reused since, or of a thread that exited.
+ * An entry of another stack (a user-level thread switched out) still
+ * holds it and stays, whatever its address. The table is held. */
+static void exits_prune(void)
 {
-	__u32 kept = 0;
-	for (__u32 i = 0; i < t->nshadow; i++)
-		if (holds_exit_stub(t->shadow[i].slot))
-			t->shadow[kept++] = t->shadow[i];
-	t->nshadow = kept;
+	for (__u32 i = nexits; i-- > 0;)
+		if (!holds_exit_stub(exits[i].slot))
+			exit_remove((int)i);
 }
 
 /* Called by the exit stub with the function's return value and the slot
- * its return address was in; returns where to go back to. The newest
- * entry for the slot is this exit's. It need not be the newest entry:
- * the thread may have switched stacks (swapcontext, a user-level thread)
- * since the entry, or left newer frames by longjmp, whose entries stay
- * until shadow_prune finds them gone. */
+ * its return address was in; returns where to go back to. The thread may
+ * not be the one that entered the function (a user-level thread moved),
+ * and may have switched stacks or left newer frames by longjmp since. */
 __attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 slot)
 {
 	struct tstate *t = &ts;
-	__u32 i = t->nshadow;
-	while (i > 0 && t->shadow[i - 1].slot != slot)
-		i--;
-	if (i == 0)
-		abort(); /* the stub ran from a slot it was never put in */
-	struct shadow sh = t->shadow[i - 1];
-	for (; i < t->nshadow; i++)
-		t->shadow[i - 1] = t->shadow[i];
-	t->nshadow--;
+	/* This thread cannot hold the table here: it is taken only for a
+	 * few instructions, which call no probed function. */
+	int locked = exits_lock();
+	int i = exit_find(slot);
+	if (i < 0) {
+		/* Only a program that wrote the stub's address into its own
+		 * frame gets here: nothing says where to return. */
+		static const char msg[] = "hooktrace: a probed function returned through a slot it never used; aborting\n";
+		if (write(2, msg, sizeof(msg) - 1) < 0) {
+		}
+		abort();
+	}
+	struct exit_entry sh = exits[i];
+	exit_remove(i);
+	if (locked)
+		exits_unlock();
 	int saved = errno;
 	if (!t->guard && active) {
 		t->guard = 1;
@@ -132,6 +234,7 @@ __attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 
 		e.flags = F_RETURN;
 		e.arg = sh.index;
 		e.ret = (__s64)rax;
+		e.size = slot;
 		event_send(&e);
 		t->guard = 0;
 	}

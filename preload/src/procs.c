@@ -247,6 +247,7 @@ void after_fork_child(void)
 		held[i] = ts.held_locks[i];
 	forking = 0;
 	my_pid = getpid();
+	exits_after_fork();
 	active = shm && (cfg_flags & SHM_F_FOLLOW);
 	ts.inited = 0;
 	ts.guard = 0;

@@ -79,7 +79,7 @@ static __u32 walk(struct tstate *t, __u64 *ips, __u64 fn, __u64 *frame, int *tru
 		if (!hi || fp <= lo || fp + 16 > hi || (fp & 7))
 			break;
 		__u64 *f = (__u64 *)fp;
-		__u64 ra = real_ret(t, fp + 8, f[1]);
+		__u64 ra = real_ret(fp + 8, f[1]);
 		if (!ra)
 			break;
 		if (!in_shim(ra))
@@ -160,11 +160,7 @@ __u64 take_sample_regs(struct tstate *t, __u64 ip, __u64 sp, __u64 bp, __u64 unt
 	r->sp = sp;
 	r->bp = bp;
 	memcpy(r->data, (void *)sp, len);
-	for (__u32 i = 0; i < t->nshadow; i++) {
-		__u64 slot = t->shadow[i].slot;
-		if (slot >= sp && slot + 8 <= sp + len)
-			memcpy(r->data + (slot - sp), &t->shadow[i].ret, 8);
-	}
+	restore_returns(r->data, sp, len);
 	ring_commit(p, pos);
 	write_end();
 	return id;

@@ -52,13 +52,11 @@
  * side's (hooktrace.h). */
 #ifdef HOOKTRACE_INJECT
 #define SHIM_PATTERN_CACHE (PATTERN_CACHE / 4)
-#define SHADOW_SLOTS 8
 #define VFORK_LEVELS 2
 #define INJECTED 1
 #else
 #define INJECTED 0
 #define SHIM_PATTERN_CACHE PATTERN_CACHE
-#define SHADOW_SLOTS 32
 #define VFORK_LEVELS 8
 #endif
 
@@ -184,13 +182,6 @@ struct tstate {
 	 * allocator call site under each lock). */
 	__u64 cache_key[SHIM_PATTERN_CACHE];
 	__u64 cache_stack[SHIM_PATTERN_CACHE];
-	/* Return addresses of probed functions, swapped for the exit stub. */
-	__u32 nshadow;
-	struct shadow {
-		__u64 slot; /* where on the stack */
-		__u64 ret;  /* what was there */
-		__u32 index;
-	} shadow[SHADOW_SLOTS];
 };
 
 /* A vfork child runs on its parent's thread: the same stack, the same
@@ -320,7 +311,6 @@ SHARED int is_boot(const void *p);
 SHARED size_t boot_size(const void *p);
 
 /* state.c */
-SHARED __u64 real_ret(struct tstate *t, __u64 slot, __u64 v);
 SHARED __u64 readable_top(struct tstate *t, __u64 sp, __u64 span);
 SHARED __u64 stack_limit(__u64 cap);
 SHARED int in_shim(__u64 pc);
@@ -387,6 +377,9 @@ SHARED void instrument_objects(void);
 /* probes.c */
 SHARED void arm_probes(void);
 SHARED void exec_event(struct tstate *t);
+SHARED __u64 real_ret(__u64 slot, __u64 v);
+SHARED void restore_returns(__u8 *copy, __u64 sp, __u64 len);
+SHARED void exits_after_fork(void);
 
 /* inject.c: the injected build's object patcher (a no-op preloaded) */
 SHARED int inject_patch_object(struct dl_phdr_info *info, size_t size, void *data);

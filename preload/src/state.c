@@ -61,18 +61,6 @@ __thread struct vfork_state vf;
 __thread int forking;
 __thread struct fork_origin fork_from;
 
-/* The return address in a stack slot, as the program put it there: a
- * probed function's is swapped for the exit stub while it runs. */
-__u64 real_ret(struct tstate *t, __u64 slot, __u64 v)
-{
-	if (v != (__u64)probe_exit_stub)
-		return v;
-	for (__u32 i = t->nshadow; i-- > 0;)
-		if (t->shadow[i].slot == slot)
-			return t->shadow[i].ret;
-	return v;
-}
-
 /* Whether sp is on the thread's own stack, which is mapped from sp up to
  * stack_hi. A user-level thread's stack (makecontext, Argobots, Boost's
  * fibers) is anywhere else, and mapped only as far as its owner made it. */
