@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
+	"golang.org/x/sys/unix"
 
 	"github.com/hooktrace/hooktrace/internal/proc"
 )
@@ -139,11 +140,34 @@ func kernelFeatures(spec *ebpf.CollectionSpec, syscallsOnly bool) ([]kernelFeatu
 				return nil, fmt.Errorf("program %s: %w", name, err)
 			}
 			add(kernelFeature{name: helperName(fn), since: helperSince[fn], probe: func() error {
-				return features.HaveProgramHelper(pt, fn)
+				return haveHelper(pt, fn)
 			}}, pt)
 		}
 	}
 	return need, nil
+}
+
+// haveHelper is features.HaveProgramHelper, with one case it leaves
+// open decided. cilium/ebpf rewrites a call of bpf_probe_read_kernel or
+// bpf_probe_read_user into bpf_probe_read where its own test finds them
+// missing (a kernel before 5.5, or one whose lockdown withdraws them, as
+// 6.12's does), so the verifier's refusal of the probe program names
+// bpf_probe_read, not the helper asked for, and HaveProgramHelper cannot
+// tell. A program that calls nothing else, refused because its type may
+// not call the helper, says the kernel lacks it.
+func haveHelper(pt ebpf.ProgramType, fn asm.BuiltinFunc) error {
+	err := features.HaveProgramHelper(pt, fn)
+	var ve *ebpf.VerifierError
+	if err == nil || errors.Is(err, ebpf.ErrNotSupported) || !errors.Is(err, unix.EINVAL) || !errors.As(err, &ve) {
+		return err
+	}
+	refused := slices.ContainsFunc(ve.Log, func(l string) bool {
+		return strings.Contains(l, "cannot use helper") || strings.Contains(l, "unknown func")
+	})
+	if refused {
+		return fmt.Errorf("%w: %w", ebpf.ErrNotSupported, err)
+	}
+	return err
 }
 
 // helperName is fn as bpf-helpers(7) names it: FnGetCurrentTaskBtf is

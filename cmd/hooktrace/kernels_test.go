@@ -53,7 +53,7 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 			t.Errorf("--recorder ebpf: the error does not say what the kernel refused or lacks:\n%s", stderr)
 		}
 		if lockedDown() && !saysLockdown(stderr, "hooktrace: ", "\n") {
-			t.Errorf("--recorder ebpf, locked down: the error does not say, before loading, in one line, that the lockdown withdraws bpf_probe_read_kernel:\n%s", stderr)
+			t.Errorf("--recorder ebpf, locked down: the error does not say, before loading, in one line, that the lockdown withdraws bpf_probe_read_kernel or _user:\n%s", stderr)
 		}
 	}
 
@@ -75,7 +75,7 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 		t.Errorf("auto: %d notices that eBPF cannot run, want 1:\n%s", n, stderr)
 	}
 	if lockedDown() && !saysLockdown(stderr, "hooktrace: warning: ", notice) {
-		t.Errorf("auto, locked down: the notice does not say that the lockdown withdraws bpf_probe_read_kernel:\n%s", stderr)
+		t.Errorf("auto, locked down: the notice does not say that the lockdown withdraws bpf_probe_read_kernel or _user:\n%s", stderr)
 	}
 	if h.Recorder != "preload" || h.NoEBPF == "" || !strings.Contains(stderr, h.NoEBPF) {
 		t.Errorf("auto: header recorder %q, no_ebpf %q: want preload, and what stderr named as missing:\n%s", h.Recorder, h.NoEBPF, stderr)
@@ -93,10 +93,10 @@ func TestAutoWhereEBPFCannotLoad(t *testing.T) {
 }
 
 // saysLockdown says whether stderr has the line hooktrace writes before
-// loading where the kernel's lockdown withdraws bpf_probe_read_kernel
-// (tracer.checkKernel), between prefix and suffix.
+// loading where the kernel's lockdown withdraws bpf_probe_read_kernel and
+// bpf_probe_read_user (tracer.checkKernel), between prefix and suffix.
 func saysLockdown(stderr, prefix, suffix string) bool {
-	const needs = "the eBPF recorder needs bpf_probe_read_kernel (Linux 5.5 or later)"
+	const needs = "the eBPF recorder needs bpf_probe_read_"
 	tail := "; this kernel is " + proc.KernelRelease() + ", but its lockdown (confidentiality) withdraws it" + suffix
 	for l := range strings.Lines(stderr) {
 		if strings.HasPrefix(l, prefix+needs) && strings.HasSuffix(l, tail) {
