@@ -8,8 +8,8 @@
  *   calls N: N spinlock lives here and N in the library, N rwlock lives.
  *   calls N dlopen LIB SITES: N spinlock lives in LIB (libcalls.so),
  *   loaded with dlopen, once SITES breakpoints more than the file has
- *   show in the first 256 bytes of its code that makes them (a tracer's
- *   probes on the calls there; 0: at once). */
+ *   show in its code from lib_spin_life to the end of lib_probes_end (a
+ *   tracer's probes on the calls there; 0: at once). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
@@ -79,18 +79,19 @@ __attribute__((noinline)) static void rwlock_lives(int n)
 	}
 }
 
-/* Waits until sites bytes of the code at fn read 0xcc (int3) that did
- * not at first: a uprobe shows so in the process's own copy of its code.
- * Gives up (exit 2) after a minute: the probes never came. */
-static void await_probes(const unsigned char *fn, int sites)
+/* Waits until sites bytes of the code from fn to end read 0xcc (int3)
+ * that did not at first: a uprobe shows so in the process's own copy of
+ * its code. Gives up (exit 2) after a minute: the probes never came. */
+static void await_probes(const unsigned char *fn, const unsigned char *end, int sites)
 {
-	enum { WINDOW = 256 };
+	enum { WINDOW = 1024 };
 	unsigned char first[WINDOW];
-	memcpy(first, fn, WINDOW);
+	size_t len = end > fn && end - fn < WINDOW ? (size_t)(end - fn) : WINDOW;
+	memcpy(first, fn, len);
 	time_t give_up = time(NULL) + 60;
 	for (;;) {
 		int armed = 0;
-		for (int i = 0; i < WINDOW; i++)
+		for (size_t i = 0; i < len; i++)
 			armed += ((const volatile unsigned char *)fn)[i] == 0xcc && first[i] != 0xcc;
 		if (armed >= sites)
 			return;
@@ -112,7 +113,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		void (*life)(int) = (void (*)(int))dlsym(lib, "lib_spin_life");
-		await_probes((const unsigned char *)life, atoi(argv[4]));
+		/* lib_probes_end's call is within its first 32 bytes. */
+		const unsigned char *end = (const unsigned char *)dlsym(lib, "lib_probes_end") + 32;
+		await_probes((const unsigned char *)life, end, atoi(argv[4]));
 		life(n);
 		return 0;
 	}

@@ -211,7 +211,7 @@ func TestCallSiteProbesInLoadedLibrary(t *testing.T) {
 			run := rec + " " + mode
 			sites := "0"
 			if rec == "ebpf" {
-				sites = fmt.Sprint(callsNear(t, loaded, "lib_spin_life", 256))
+				sites = fmt.Sprint(callsBetween(t, loaded, "lib_spin_life", "lib_probes_end", 32))
 			}
 			rep, fs := traceOnce(t, []string{"--recorder", rec, "--mode", mode}, prog, fmt.Sprint(n), "dlopen", loaded, sites)
 			for _, name := range []string{"pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"} {
@@ -226,9 +226,9 @@ func TestCallSiteProbesInLoadedLibrary(t *testing.T) {
 	}
 }
 
-// callsNear counts the calls of traced functions the eBPF recorder probes
-// in the n bytes of lib from function fn on.
-func callsNear(t *testing.T, lib, fn string, n uint64) int {
+// callsBetween counts the calls of traced functions the eBPF recorder
+// probes in lib from function from to n bytes into function to.
+func callsBetween(t *testing.T, lib, from, to string, n uint64) int {
 	t.Helper()
 	f, err := elf.Open(lib)
 	if err != nil {
@@ -239,24 +239,27 @@ func callsNear(t *testing.T, lib, fn string, n uint64) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	at := uint64(0)
+	lo, hi := uint64(0), uint64(0)
 	for _, s := range syms {
-		if s.Name == fn {
-			at = s.Value
+		switch s.Name {
+		case from:
+			lo = s.Value
+		case to:
+			hi = s.Value + n
 		}
 	}
 	imp, err := placement.CallSites(f, callSiteFuncs)
-	if err != nil || at == 0 {
-		t.Fatalf("finding the calls in %s of %s: %v", lib, fn, err)
+	if err != nil || lo == 0 || hi <= lo {
+		t.Fatalf("finding the calls in %s from %s to %s: %v", lib, from, to, err)
 	}
 	count := 0
 	for _, c := range imp.Sites {
-		if c.Addr >= at && c.Addr < at+n {
+		if c.Addr >= lo && c.Addr < hi {
 			count++
 		}
 	}
 	if count == 0 {
-		t.Fatalf("no call probed near %s in %s", fn, lib)
+		t.Fatalf("no call probed from %s to %s in %s", from, to, lib)
 	}
 	return count
 }
