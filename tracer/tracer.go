@@ -327,6 +327,7 @@ func (t *Tracer) loaded(pid int) {
 	if err != nil {
 		return // it has exited
 	}
+	scan := source.CallNames(t.plans[pid]) // the plan's: one search of each object
 	for i := range onCalls {
 		onCalls[i].Calls, onCalls[i].CallNote = nil, ""
 	}
@@ -342,7 +343,7 @@ func (t *Tracer) loaded(pid int) {
 		}
 		for i := range onCalls {
 			s := &onCalls[i]
-			calls, why := source.CallsIn(s, m.Path, via, o, maps)
+			calls, why := source.CallsIn(s, scan, m.Path, via, o, maps)
 			s.Calls = append(s.Calls, calls...)
 			if why != "" && s.CallNote == "" {
 				s.CallNote = why
