@@ -9,7 +9,10 @@
  *   calls N dlopen LIB SITES: N spinlock lives in LIB (libcalls.so),
  *   loaded with dlopen, once SITES breakpoints more than the file has
  *   show in its code from lib_spin_life to the end of lib_probes_end (a
- *   tracer's probes on the calls there; 0: at once). */
+ *   tracer's probes on the calls there; 0: at once).
+ *   calls N await FILE: says "ready", then N spinlock lives in the
+ *   library it links once FILE exists (a tracer attached to it wrote it,
+ *   its probes placed and on). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int lib_rwlock_init(pthread_rwlock_t *l);
 void lib_rwlock_pair(pthread_rwlock_t *first, pthread_rwlock_t *second);
@@ -106,6 +110,20 @@ static void await_probes(const unsigned char *fn, const unsigned char *end, int 
 int main(int argc, char **argv)
 {
 	int n = argc > 1 ? atoi(argv[1]) : 10;
+	if (argc == 4 && !strcmp(argv[2], "await")) {
+		printf("ready\n");
+		fflush(stdout);
+		time_t give_up = time(NULL) + 60;
+		while (access(argv[3], F_OK)) {
+			if (time(NULL) > give_up) {
+				fprintf(stderr, "calls: %s never came\n", argv[3]);
+				return 2;
+			}
+			sched_yield();
+		}
+		lib_spin_life(n);
+		return 0;
+	}
 	if (argc == 5 && !strcmp(argv[2], "dlopen")) {
 		void *lib = dlopen(argv[3], RTLD_NOW);
 		if (!lib) {

@@ -3,9 +3,11 @@
 package main
 
 import (
+	"bufio"
 	"debug/elf"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -262,4 +264,59 @@ func callsBetween(t *testing.T, lib, from, to string, n uint64) int {
 		t.Fatalf("no call probed from %s to %s in %s", from, to, lib)
 	}
 	return count
+}
+
+// TestCallSiteProbesOnAttach: attach probes the calls in the objects a
+// running process maps; once attach says its probes are on (--ready-file)
+// the program makes its calls, every one counted, with the stacks of a run.
+func TestCallSiteProbesOnAttach(t *testing.T) {
+	testenv.RequireBPF(t)
+	dir, prog, _ := buildCalls(t)
+	const n = 10
+	for _, mode := range []string{"full", "aggregate"} {
+		ready := filepath.Join(dir, "ready-"+mode)
+		cmd := exec.Command(prog, fmt.Sprint(n), "await", ready)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill()
+		if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "ready\n" {
+			t.Fatalf("the program said %q", line)
+		}
+		trace := filepath.Join(dir, "attach-"+mode+".htr")
+		out, stderr, code := hooktrace(t, nil, "attach", "--recorder", "ebpf", "--mode", mode, "--pid", fmt.Sprint(cmd.Process.Pid),
+			"--format", "json", "--fail-on", "none", "-o", trace, "--ready-file", ready)
+		if code != 0 {
+			t.Fatalf("%s: attach exit %d\n%s", mode, code, stderr)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%s: the program: %v", mode, err)
+		}
+		rep := parseReport(t, out)
+		for _, name := range []string{"pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"} {
+			if got := rep.Stats.Calls[name]; got != n {
+				t.Errorf("%s: %s called %d times, want %d", mode, name, got, n)
+			}
+		}
+		probes, stacks := traceStacks(t, trace)
+		checkCallProbes(t, "attach "+mode, probes, filepath.Base(prog), "libcalls.so")
+		inits := 0
+		for k, v := range stacks {
+			if !strings.HasPrefix(k, "pthread_spin_init: ") {
+				continue
+			}
+			inits += v
+			if !strings.HasPrefix(k, "pthread_spin_init: pthread_spin_init <- lib_spin_life+") {
+				t.Errorf("%s: an init's stack: %s", mode, k)
+			}
+		}
+		// Aggregate mode keeps unused lifetimes back.
+		if mode == "full" && inits != n {
+			t.Errorf("%s: %d inits in the trace, want %d:%s", mode, inits, n, fmtStacks(stacks))
+		}
+	}
 }
