@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -61,6 +62,12 @@ type Imports struct {
 // instruction, restarting at every function symbol, so a site is always
 // the start of an instruction.
 func CallSites(f *elf.File, names []string) (Imports, error) {
+	return callSites(f, names, false)
+}
+
+// callSites is CallSites, decoding only the candidates' functions, or,
+// with whole, the whole executable sections (what the search must match).
+func callSites(f *elf.File, names []string, whole bool) (Imports, error) {
 	imp := Imports{Escapes: map[string]string{}}
 	want := map[string]bool{}
 	for _, n := range names {
@@ -90,9 +97,65 @@ func CallSites(f *elf.File, names []string) (Imports, error) {
 		if err != nil {
 			return imp, fmt.Errorf("reading %s: %w", sec.Name, err)
 		}
-		scanSection(code, sec.Addr, starts, stubs, slots, &imp)
+		ranges := [][2]int{{0, len(code)}}
+		if !whole {
+			ranges = candidates(code, sec.Addr, starts, stubs, slots)
+		}
+		for _, r := range ranges {
+			scanSection(code, sec.Addr, r[0], r[1], starts, stubs, slots, &imp)
+		}
 	}
 	return imp, nil
+}
+
+// candidates finds the functions of code, loaded at base, that may refer
+// to the stubs or slots: where 4 bytes, read as an instruction's
+// displacement (rip-relative, followed by up to 4 bytes of immediate, or
+// absolute), lead to one, or a byte read as a short jump's does. Decoding only those functions reads a large
+// library's code in a fraction of the time (node's 90 MB: 1.5 s whole).
+// It returns [from, to) offsets of code, in order.
+func candidates(code []byte, base uint64, starts []uint64, stubs, slots map[uint64]string) [][2]int {
+	lo, hi := uint64(math.MaxUint64), uint64(0)
+	for _, m := range []map[uint64]string{stubs, slots} {
+		for a := range m {
+			lo, hi = min(lo, a), max(hi, a+1)
+		}
+	}
+	if lo >= hi {
+		return nil
+	}
+	hit := func(t uint64) bool { return t >= lo && t < hi && (stubs[t] != "" || slots[t] != "") }
+	var ranges [][2]int
+	done := 0 // code before this is in a range already
+	for i := 0; i+4 <= len(code); i++ {
+		if i < done {
+			continue
+		}
+		at := base + uint64(i)
+		// A short jump's 1-byte displacement, near the stubs.
+		near := at+130 >= lo && at < hi+130 && hit(at+2+uint64(int64(int8(code[i+1]))))
+		v := uint64(int64(int32(binary.LittleEndian.Uint32(code[i:]))))
+		next := at + v // + 4 to 8: the instruction's end
+		if !near && (next+4 >= hi || next+8 < lo) && (v < lo || v >= hi) {
+			continue
+		}
+		if !near && !hit(next+4) && !hit(next+5) && !hit(next+6) && !hit(next+8) && !hit(v) {
+			continue
+		}
+		// The function holding these bytes, from its first instruction.
+		k := sort.Search(len(starts), func(j int) bool { return starts[j] > base+uint64(i) })
+		from, to := 0, len(code)
+		if k > 0 && starts[k-1] >= base {
+			from = int(starts[k-1] - base)
+		}
+		if k < len(starts) && starts[k]-base < uint64(len(code)) {
+			to = int(starts[k] - base)
+		}
+		from = max(from, done)
+		ranges = append(ranges, [2]int{from, to})
+		done = to
+	}
+	return ranges
 }
 
 // symName drops a symbol version ("pthread_spin_init@GLIBC_2.34").
@@ -225,13 +288,13 @@ func functionStarts(f *elf.File) []uint64 {
 	return slices.Compact(starts)
 }
 
-// scanSection decodes code, loaded at base, and adds the calls of the
-// stubs and slots to imp, and the ways their names escape. It decodes
-// without the text decodeAt renders: a library's whole text is read.
-func scanSection(code []byte, base uint64, starts []uint64, stubs, slots map[uint64]string, imp *Imports) {
-	next := sort.Search(len(starts), func(i int) bool { return starts[i] > base })
+// scanSection decodes code, loaded at base, from offset from to offset
+// to, and adds the calls of the stubs and slots to imp, and the ways their
+// names escape. It decodes without the text decodeAt renders.
+func scanSection(code []byte, base uint64, from, to int, starts []uint64, stubs, slots map[uint64]string, imp *Imports) {
+	next := sort.Search(len(starts), func(i int) bool { return starts[i] > base+uint64(from) })
 	end := base + uint64(len(code))
-	for off := 0; off < len(code); {
+	for off := from; off < to; {
 		addr := base + uint64(off)
 		for next < len(starts) && starts[next] <= addr {
 			next++

@@ -156,3 +156,32 @@ func callText(addr uint64, tail bool, name string) string {
 	}
 	return strconv.FormatUint(addr, 16) + " call " + name
 }
+
+// TestCallSitesSearch: searching only the functions whose bytes may refer
+// to a stub or slot finds what decoding every instruction finds, in the
+// libraries of this machine that import the functions.
+func TestCallSitesSearch(t *testing.T) {
+	names := append([]string{"pthread_rwlock_init", "pthread_rwlock_destroy", "malloc", "pthread_mutex_lock"}, spinNames...)
+	tried := 0
+	for _, path := range []string{"/usr/lib/x86_64-linux-gnu/libcrypto.so.3", "/usr/lib/x86_64-linux-gnu/libglib-2.0.so.0",
+		"/usr/lib/x86_64-linux-gnu/libstdc++.so.6", "/usr/bin/python3", libcPath} {
+		f, err := elf.Open(path)
+		if err != nil {
+			continue
+		}
+		tried++
+		search, err1 := callSites(f, names, false)
+		sweep, err2 := callSites(f, names, true)
+		f.Close()
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: %v, %v", path, err1, err2)
+		}
+		if !slices.Equal(search.Sites, sweep.Sites) || len(search.Escapes) != len(sweep.Escapes) {
+			t.Errorf("%s: the search found %d calls and %d escapes, the sweep %d and %d",
+				path, len(search.Sites), len(search.Escapes), len(sweep.Sites), len(sweep.Escapes))
+		}
+	}
+	if tried == 0 {
+		t.Fatal("none of the libraries is here")
+	}
+}

@@ -259,7 +259,10 @@ func PlanSites(pid int, exe string, userProbes []string, warn func(string)) ([]S
 			s.Fn.Ret = false
 		}
 		s.Live = liveAddress(maps, s.Object, s.Sym.Offset)
-		planCalls(s, objs, open, via, maps)
+	}
+	scan := CallNames(plan)
+	for i := range plan {
+		planCalls(&plan[i], scan, objs, open, via, maps)
 	}
 	probeAlike(plan, events.OpSpinLock, events.OpSpinUnlock)
 	return plan, nil
@@ -298,8 +301,8 @@ func probeAlike(plan []Site, lock, unlock events.Op) {
 // make through their PLT, the calls a preloaded library interposes. Return
 // probes need the entry, and a user probe's function may be called from
 // anywhere. s.CallNote says why the calls cannot replace the entry, if so.
-func planCalls(s *Site, objs []string, open func(string) *symbolize.Object, via map[string]string, mapped symbolize.Maps) {
-	if s.UserIdx >= 0 || s.Fn.Ret || s.Code == nil || (s.Choice.Emulated && s.Fn.Op != events.OpSpinLock) {
+func planCalls(s *Site, scan []string, objs []string, open func(string) *symbolize.Object, via map[string]string, mapped symbolize.Maps) {
+	if !callable(s) {
 		return
 	}
 	s.Calls = []CallProbe{}
@@ -308,7 +311,7 @@ func planCalls(s *Site, objs []string, open func(string) *symbolize.Object, via 
 		if o == nil {
 			continue
 		}
-		calls, why := CallsIn(s, path, via[path], o, mapped)
+		calls, why := CallsIn(s, scan, path, via[path], o, mapped)
 		s.Calls = append(s.Calls, calls...)
 		if s.CallNote == "" {
 			s.CallNote = why
@@ -316,18 +319,48 @@ func planCalls(s *Site, objs []string, open func(string) *symbolize.Object, via 
 	}
 }
 
-// CallsIn lists the calls of s's function (and of its alias) the object o
-// at path makes, attached through file, and why they cannot stand for its
-// entry ("" when they can): the object can call it otherwise than through
-// its PLT (a pointer to it), or its code could not be read. mapped are the
-// process's mappings, for the calls' live addresses.
-func CallsIn(s *Site, path, file string, o *symbolize.Object, mapped symbolize.Maps) ([]CallProbe, string) {
+// callable says whether s's function may be probed on its calls: its
+// entry would be single-stepped (or it is pthread_spin_lock, probed as
+// its unlock is, see probeAlike), and neither a return probe nor a user's
+// probe needs the entry.
+func callable(s *Site) bool {
+	return s.UserIdx < 0 && !s.Fn.Ret && s.Code != nil && (!s.Choice.Emulated || s.Fn.Op == events.OpSpinLock)
+}
+
+// siteNames are the names a call of s's function is made by: its own and
+// its alias's.
+func siteNames(s *Site) map[string]events.Op {
 	ops := map[string]events.Op{s.Fn.Name: s.Fn.Op}
 	if s.Alias != events.OpNone {
 		ops[s.Alias.String()] = s.Alias
 	}
+	return ops
+}
+
+// CallNames are the names of the functions of plan that may be probed on
+// their calls, which an object's code is searched for once (CallsIn).
+func CallNames(plan []Site) []string {
+	var names []string
+	for i := range plan {
+		if callable(&plan[i]) {
+			names = slices.AppendSeq(names, maps.Keys(siteNames(&plan[i])))
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// CallsIn lists the calls of s's function (and of its alias) the object o
+// at path makes, attached through file, and why they cannot stand for its
+// entry ("" when they can): the object can call it otherwise than through
+// its PLT (a pointer to it), or its code could not be read. The object's
+// code is searched once for the calls of scan (CallNames), which holds
+// s's names. mapped are the process's mappings, for the calls' live
+// addresses.
+func CallsIn(s *Site, scan []string, path, file string, o *symbolize.Object, mapped symbolize.Maps) ([]CallProbe, string) {
+	ops := siteNames(s)
 	names := slices.Sorted(maps.Keys(ops))
-	imp, err := callSitesOf(o, names)
+	imp, err := callSitesOf(o, scan)
 	if err != nil {
 		return nil, fmt.Sprintf("entry kept: the calls in %s cannot be read: %v", path, err)
 	}
@@ -339,6 +372,9 @@ func CallsIn(s *Site, path, file string, o *symbolize.Object, mapped symbolize.M
 	}
 	var calls []CallProbe
 	for _, c := range imp.Sites {
+		if _, ok := ops[c.Symbol]; !ok {
+			continue
+		}
 		off, err := o.FileOffset(c.Addr)
 		code := make([]byte, c.Len)
 		if err == nil {

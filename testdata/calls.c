@@ -8,8 +8,11 @@
  *   calls N: N spinlock lives here and N in the library, N rwlock lives.
  *   calls N dlopen LIB SITES: N spinlock lives in LIB (libcalls.so),
  *   loaded with dlopen, once SITES breakpoints more than the file has
- *   show in the first 256 bytes of its code that makes them (a tracer's
- *   probes on the calls there; 0: at once). */
+ *   show in its code from lib_spin_life to the end of lib_probes_end (a
+ *   tracer's probes on the calls there; 0: at once).
+ *   calls N await FILE: says "ready", then N spinlock lives in the
+ *   library it links once FILE exists (a tracer attached to it wrote it,
+ *   its probes placed and on). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int lib_rwlock_init(pthread_rwlock_t *l);
 void lib_rwlock_pair(pthread_rwlock_t *first, pthread_rwlock_t *second);
@@ -79,18 +83,19 @@ __attribute__((noinline)) static void rwlock_lives(int n)
 	}
 }
 
-/* Waits until sites bytes of the code at fn read 0xcc (int3) that did
- * not at first: a uprobe shows so in the process's own copy of its code.
- * Gives up (exit 2) after a minute: the probes never came. */
-static void await_probes(const unsigned char *fn, int sites)
+/* Waits until sites bytes of the code from fn to end read 0xcc (int3)
+ * that did not at first: a uprobe shows so in the process's own copy of
+ * its code. Gives up (exit 2) after a minute: the probes never came. */
+static void await_probes(const unsigned char *fn, const unsigned char *end, int sites)
 {
-	enum { WINDOW = 256 };
+	enum { WINDOW = 1024 };
 	unsigned char first[WINDOW];
-	memcpy(first, fn, WINDOW);
+	size_t len = end > fn && end - fn < WINDOW ? (size_t)(end - fn) : WINDOW;
+	memcpy(first, fn, len);
 	time_t give_up = time(NULL) + 60;
 	for (;;) {
 		int armed = 0;
-		for (int i = 0; i < WINDOW; i++)
+		for (size_t i = 0; i < len; i++)
 			armed += ((const volatile unsigned char *)fn)[i] == 0xcc && first[i] != 0xcc;
 		if (armed >= sites)
 			return;
@@ -105,6 +110,20 @@ static void await_probes(const unsigned char *fn, int sites)
 int main(int argc, char **argv)
 {
 	int n = argc > 1 ? atoi(argv[1]) : 10;
+	if (argc == 4 && !strcmp(argv[2], "await")) {
+		printf("ready\n");
+		fflush(stdout);
+		time_t give_up = time(NULL) + 60;
+		while (access(argv[3], F_OK)) {
+			if (time(NULL) > give_up) {
+				fprintf(stderr, "calls: %s never came\n", argv[3]);
+				return 2;
+			}
+			sched_yield();
+		}
+		lib_spin_life(n);
+		return 0;
+	}
 	if (argc == 5 && !strcmp(argv[2], "dlopen")) {
 		void *lib = dlopen(argv[3], RTLD_NOW);
 		if (!lib) {
@@ -112,7 +131,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		void (*life)(int) = (void (*)(int))dlsym(lib, "lib_spin_life");
-		await_probes((const unsigned char *)life, atoi(argv[4]));
+		/* lib_probes_end's call is within its first 32 bytes. */
+		const unsigned char *end = (const unsigned char *)dlsym(lib, "lib_probes_end") + 32;
+		await_probes((const unsigned char *)life, end, atoi(argv[4]));
 		life(n);
 		return 0;
 	}

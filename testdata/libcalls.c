@@ -36,3 +36,14 @@ __attribute__((noinline)) void lib_spin_life(int n)
 		pthread_spin_destroy(&s);
 	}
 }
+
+/* Never called, and last: its call is the last probe a tracer attaches in
+ * this library when it attaches them by address, one at a time (kernels
+ * without uprobe_multi links, where each probe gets its program just after
+ * its breakpoint shows). testdata/calls.c's dlopen mode waits for the
+ * breakpoints up to here: the calls it then makes are all probed. */
+__attribute__((noinline)) void lib_probes_end(pthread_spinlock_t *s)
+{
+	pthread_spin_destroy(s);
+	__asm__ volatile("" ::: "memory"); /* not a tail call */
+}

@@ -3,9 +3,11 @@
 package tracer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -282,8 +284,17 @@ func attachUprobes(ex *link.Executable, prog *ebpf.Program, ret bool, pid int, a
 		}
 		return []link.Link{l}, nil
 	}
+	// By address: each probe gets its program only after its breakpoint
+	// is in place, and a program that waits for the breakpoints of a
+	// library it loaded (a test's) then knows which one may lack it.
+	order := make([]int, len(addrs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(addrs[a], addrs[b]) })
 	links := make([]link.Link, 0, len(addrs))
-	for i, addr := range addrs {
+	for _, i := range order {
+		addr := addrs[i]
 		o := &link.UprobeOptions{Address: addr, PID: pid}
 		if i < len(cookies) {
 			o.Cookie = cookies[i]

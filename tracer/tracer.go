@@ -335,6 +335,7 @@ func (t *Tracer) loaded(pid int) {
 	if err != nil {
 		return // it has exited
 	}
+	scan := probesite.CallNames(t.plans[pid]) // the plan's: one search of each object
 	for i := range onCalls {
 		onCalls[i].Calls, onCalls[i].CallNote = nil, ""
 	}
@@ -350,7 +351,7 @@ func (t *Tracer) loaded(pid int) {
 		}
 		for i := range onCalls {
 			s := &onCalls[i]
-			calls, why := probesite.CallsIn(s, m.Path, via, o, maps)
+			calls, why := probesite.CallsIn(s, scan, m.Path, via, o, maps)
 			s.Calls = append(s.Calls, calls...)
 			if why != "" && s.CallNote == "" {
 				s.CallNote = why

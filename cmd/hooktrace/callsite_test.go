@@ -3,9 +3,11 @@
 package main
 
 import (
+	"bufio"
 	"debug/elf"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -211,7 +213,7 @@ func TestCallSiteProbesInLoadedLibrary(t *testing.T) {
 			run := rec + " " + mode
 			sites := "0"
 			if rec == "ebpf" {
-				sites = fmt.Sprint(callsNear(t, loaded, "lib_spin_life", 256))
+				sites = fmt.Sprint(callsBetween(t, loaded, "lib_spin_life", "lib_probes_end", 32))
 			}
 			rep, fs := traceOnce(t, []string{"--recorder", rec, "--mode", mode}, prog, fmt.Sprint(n), "dlopen", loaded, sites)
 			for _, name := range []string{"pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"} {
@@ -226,9 +228,9 @@ func TestCallSiteProbesInLoadedLibrary(t *testing.T) {
 	}
 }
 
-// callsNear counts the calls of traced functions the eBPF recorder probes
-// in the n bytes of lib from function fn on.
-func callsNear(t *testing.T, lib, fn string, n uint64) int {
+// callsBetween counts the calls of traced functions the eBPF recorder
+// probes in lib from function from to n bytes into function to.
+func callsBetween(t *testing.T, lib, from, to string, n uint64) int {
 	t.Helper()
 	f, err := elf.Open(lib)
 	if err != nil {
@@ -239,24 +241,82 @@ func callsNear(t *testing.T, lib, fn string, n uint64) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	at := uint64(0)
+	lo, hi := uint64(0), uint64(0)
 	for _, s := range syms {
-		if s.Name == fn {
-			at = s.Value
+		switch s.Name {
+		case from:
+			lo = s.Value
+		case to:
+			hi = s.Value + n
 		}
 	}
 	imp, err := placement.CallSites(f, callSiteFuncs)
-	if err != nil || at == 0 {
-		t.Fatalf("finding the calls in %s of %s: %v", lib, fn, err)
+	if err != nil || lo == 0 || hi <= lo {
+		t.Fatalf("finding the calls in %s from %s to %s: %v", lib, from, to, err)
 	}
 	count := 0
 	for _, c := range imp.Sites {
-		if c.Addr >= at && c.Addr < at+n {
+		if c.Addr >= lo && c.Addr < hi {
 			count++
 		}
 	}
 	if count == 0 {
-		t.Fatalf("no call probed near %s in %s", fn, lib)
+		t.Fatalf("no call probed from %s to %s in %s", from, to, lib)
 	}
 	return count
+}
+
+// TestCallSiteProbesOnAttach: attach probes the calls in the objects a
+// running process maps; once attach says its probes are on (--ready-file)
+// the program makes its calls, every one counted, with the stacks of a run.
+func TestCallSiteProbesOnAttach(t *testing.T) {
+	testenv.RequireBPF(t)
+	dir, prog, _ := buildCalls(t)
+	const n = 10
+	for _, mode := range []string{"full", "aggregate"} {
+		ready := filepath.Join(dir, "ready-"+mode)
+		cmd := exec.Command(prog, fmt.Sprint(n), "await", ready)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill()
+		if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "ready\n" {
+			t.Fatalf("the program said %q", line)
+		}
+		trace := filepath.Join(dir, "attach-"+mode+".htr")
+		out, stderr, code := hooktrace(t, nil, "attach", "--recorder", "ebpf", "--mode", mode, "--pid", fmt.Sprint(cmd.Process.Pid),
+			"--format", "json", "--fail-on", "none", "-o", trace, "--ready-file", ready)
+		if code != 0 {
+			t.Fatalf("%s: attach exit %d\n%s", mode, code, stderr)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%s: the program: %v", mode, err)
+		}
+		rep := parseReport(t, out)
+		for _, name := range []string{"pthread_spin_init", "pthread_spin_lock", "pthread_spin_unlock", "pthread_spin_destroy"} {
+			if got := rep.Stats.Calls[name]; got != n {
+				t.Errorf("%s: %s called %d times, want %d", mode, name, got, n)
+			}
+		}
+		probes, stacks := traceStacks(t, trace)
+		checkCallProbes(t, "attach "+mode, probes, filepath.Base(prog), "libcalls.so")
+		inits := 0
+		for k, v := range stacks {
+			if !strings.HasPrefix(k, "pthread_spin_init: ") {
+				continue
+			}
+			inits += v
+			if !strings.HasPrefix(k, "pthread_spin_init: pthread_spin_init <- lib_spin_life+") {
+				t.Errorf("%s: an init's stack: %s", mode, k)
+			}
+		}
+		// Aggregate mode keeps unused lifetimes back.
+		if mode == "full" && inits != n {
+			t.Errorf("%s: %d inits in the trace, want %d:%s", mode, inits, n, fmtStacks(stacks))
+		}
+	}
 }
