@@ -250,7 +250,7 @@ func (s Summary) Markdown(workload string) string {
 	if len(targets) == 0 {
 		return b.String()
 	}
-	b.WriteString("\n| target (issues 8, 20) | measured | met |\n|---|---:|---|\n")
+	b.WriteString("\n| target | measured | met |\n|---|---:|---|\n")
 	for _, t := range targets {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Goal, t.Measured, yes(t.Met))
 	}
@@ -277,7 +277,7 @@ func (s Summary) Targets() []Target {
 		}
 	}
 	if att, ok := s.Row("attach-preload"); ok && len(att.Outcome.Results) > 0 {
-		ts = append(ts, Target{"attach, preload injected, ≤ 3x untraced (issue 20)", att.VsUntraced.String(), att.VsUntraced.Median <= 3})
+		ts = append(ts, Target{"attach, preload injected, ≤ 3x untraced", att.VsUntraced.String(), att.VsUntraced.Median <= 3})
 	}
 	if hasAgg {
 		if _, ok := s.Row("floor"); ok {
