@@ -61,6 +61,14 @@ func attachPlan(pid int, plan []probesite.Site, prog, retProg *ebpf.Program, all
 	}
 	for i := range plan {
 		s := &plan[i]
+		// The calls are checked one by one; the function's code is not
+		// needed (Tracer.loaded keeps none).
+		if useCalls(pid, s, placed, warn) {
+			for i := range s.Calls {
+				attachCall(pid, s, &s.Calls[i], add, warn)
+			}
+			continue
+		}
 		if s.Code == nil {
 			continue
 		}
@@ -71,12 +79,6 @@ func attachPlan(pid int, plan []probesite.Site, prog, retProg *ebpf.Program, all
 				warn(fmt.Sprintf("not probing %s in %s: %v", s.Fn.Name, s.Object, err))
 				continue
 			}
-		}
-		if useCalls(pid, s, placed, warn) {
-			for i := range s.Calls {
-				attachCall(pid, s, &s.Calls[i], add, warn)
-			}
-			continue
 		}
 		if s.UserIdx < 0 {
 			placed[fmt.Sprintf("%d:entry:%s", pid, s.Fn.Name)] = true

@@ -57,9 +57,9 @@ type Tracer struct {
 	// placeMu serializes placements: the gate's goroutine places a held
 	// child's probes while the reader may place another's.
 	placeMu sync.Mutex
-	placed  map[string]bool          // pid:object:offset:ret of every probe placed
-	plans   map[int][]probesite.Site // each process's last plan, for the libraries it loads
-	follows sync.WaitGroup           // placements started by the reader
+	placed  map[string]bool  // pid:object:offset:ret of every probe placed
+	plans   map[int]callPlan // each process's calls probed, for the libraries it loads
+	follows sync.WaitGroup   // placements started by the reader
 
 	// What was read from the ring: records and bytes, for the bench's
 	// bandwidth figures.
@@ -288,9 +288,9 @@ func (t *Tracer) place(pid int, exe string) error {
 	}
 	links, sites := attachPlan(pid, plan, prog, retProg, alloc, t.placed, t.opts.Warn)
 	if t.plans == nil {
-		t.plans = map[int][]probesite.Site{}
+		t.plans = map[int]callPlan{}
 	}
-	t.plans[pid] = plan
+	t.plans[pid] = callPlanOf(plan)
 	// Return probes corrupt Go's moving stacks (see PlanSites).
 	exePath := exe
 	if exePath == "" {
@@ -314,6 +314,26 @@ func (t *Tracer) place(pid int, exe string) error {
 	return nil
 }
 
+// callPlan is what a process's plan says of the functions that may be
+// probed on their calls, kept while it runs: the sites, without their
+// code (a few KiB each, in every process of a fork storm), and the names
+// an object's code is searched for.
+type callPlan struct {
+	sites []probesite.Site
+	scan  []string
+}
+
+func callPlanOf(plan []probesite.Site) callPlan {
+	p := callPlan{scan: probesite.CallNames(plan)}
+	for _, s := range plan {
+		if s.Calls != nil {
+			s.Code, s.Calls = nil, nil
+			p.sites = append(p.sites, s)
+		}
+	}
+	return p
+}
+
 // loaded probes the calls that libraries pid loaded since its probes were
 // placed (dlopen) make of the functions probed on their calls: nothing
 // else sees those calls. What such a library called before this (its
@@ -323,7 +343,7 @@ func (t *Tracer) loaded(pid int) {
 	t.placeMu.Lock()
 	defer t.placeMu.Unlock()
 	var onCalls []probesite.Site
-	for _, s := range t.plans[pid] {
+	for _, s := range t.plans[pid].sites {
 		if t.placed[fmt.Sprintf("%d:calls:%s", pid, s.Fn.Name)] {
 			onCalls = append(onCalls, s)
 		}
@@ -335,7 +355,7 @@ func (t *Tracer) loaded(pid int) {
 	if err != nil {
 		return // it has exited
 	}
-	scan := probesite.CallNames(t.plans[pid]) // the plan's: one search of each object
+	scan := t.plans[pid].scan
 	for i := range onCalls {
 		onCalls[i].Calls, onCalls[i].CallNote = nil, ""
 	}
@@ -649,4 +669,7 @@ func (t *Tracer) Close() error {
 // chance to read its mappings.
 func (t *Tracer) Exiting(pid int) {
 	t.conv.RefreshMaps(uint32(pid))
+	t.placeMu.Lock()
+	delete(t.plans, pid)
+	t.placeMu.Unlock()
 }
