@@ -186,6 +186,7 @@ EXPORT __attribute__((noinline)) long hooktrace_attach(const char *path, __u64 i
 	memset(lock_pages, 0, sizeof(lock_pages));
 	lock_page_lo = ~0ULL;
 	lock_page_hi = 0;
+	lives_reset();
 	memset(writing, 0, sizeof(writing));
 	writing_shared = 0;
 	closing_tid = 0;

@@ -357,6 +357,7 @@ static void cond_return(struct tstate *t, __u32 op, pthread_cond_t *c, pthread_m
 	if (t->held > 1)
 		e.flags |= F_LOCKS_HELD;
 	alloc_context(t, &e);
+	life_use(t, (__u64)m, e.time);
 	send_with_stack(t, &e, 0, frame);
 	held_push(t, (__u64)m, OP_MUTEX_LOCK, 0, e.stack, e.time, 1);
 	lock_page_add((__u64)m);

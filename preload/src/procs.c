@@ -248,6 +248,7 @@ void after_fork_child(void)
 	forking = 0;
 	my_pid = getpid();
 	exits_after_fork();
+	lives_after_fork();
 	active = shm && (cfg_flags & SHM_F_FOLLOW);
 	ts.inited = 0;
 	ts.guard = 0;

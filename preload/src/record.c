@@ -294,6 +294,8 @@ void pattern_sent(struct tstate *t, __u64 key, __u64 stack)
 	__u32 c = key & (SHIM_PATTERN_CACHE - 1);
 	t->cache_key[c] = key;
 	t->cache_stack[c] = stack | (1ULL << 62);
+	if (!__atomic_load_n(&epoch_used, __ATOMIC_RELAXED))
+		__atomic_store_n(&epoch_used, 1, __ATOMIC_RELEASE);
 }
 
 void alloc_context(struct tstate *t, struct event *e)
@@ -356,6 +358,7 @@ __attribute__((noinline)) void send_acquire(struct tstate *t, __u32 op, __u64 lo
 		e.flags |= F_LOCKS_HELD;
 	e.flags |= F_ACQUIRED;
 	alloc_context(t, &e);
+	life_use(t, lock, e.time);
 	send_with_stack(t, &e, fn, frame);
 	held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
 	t->held++;
@@ -372,6 +375,7 @@ __attribute__((noinline)) void send_release(struct tstate *t, __u32 op, __u64 lo
 	e.addr = lock;
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
+	life_use(t, lock, e.time);
 	event_send(&e);
 }
 
@@ -400,6 +404,7 @@ __attribute__((noinline)) void send_misuse(struct tstate *t, __u32 op, __u64 loc
 	e.flags = flags;
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
+	life_use(t, lock, e.time);
 	send_with_stack(t, &e, fn, frame);
 }
 
@@ -433,6 +438,8 @@ void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret
 	if (t->held > 1 || (!(e.flags & F_ACQUIRED) && t->held > 0))
 		e.flags |= F_LOCKS_HELD;
 	alloc_context(t, &e);
+	if (e.flags & F_ACQUIRED)
+		life_use(t, lock, e.time);
 	send_with_stack(t, &e, 0, frame);
 	if (e.flags & F_ACQUIRED) {
 		held_push(t, lock, op, (__u32)e.arg, e.stack, e.time, 1);
@@ -445,23 +452,30 @@ void rec_try_result(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int ret
 /* An init or destroy: the lock's lifetime ends (re-initialising a live
  * lock ends it too), so every pattern is new again. An init is sent with
  * its stack, which names a heap lock, and registers the lock's page; a
- * destroy goes without (rec_destroy says when not), as on the BPF side. */
+ * destroy goes without (rec_destroy says when not), as on the BPF side. In
+ * aggregate mode a lifetime nothing used is not sent (life_keep,
+ * life_end). */
 void rec_lifetime(struct tstate *t, __u32 op, __u64 lock, __u64 arg, __u64 fn, __u64 *frame)
 {
 	count_call(t, op);
 	lifetime_changed();
+	if (!frame && life_end(lock))
+		return;
+	__u64 stack = 0;
+	if (frame) {
+		stack = take_stack(t, fn, frame);
+		lock_page_add(lock);
+		if (life_keep(op, lock, (__u32)arg, 0, stack))
+			return;
+	}
 	struct event e;
 	event_init(&e, t, op);
 	e.addr = lock;
 	e.arg = arg;
+	e.stack = stack;
 	if (t->held > 0)
 		e.flags |= F_LOCKS_HELD;
-	if (!frame) {
-		event_send(&e);
-		return;
-	}
-	send_with_stack(t, &e, fn, frame);
-	lock_page_add(lock);
+	event_send(&e);
 }
 
 /* A destroy: the lock's lifetime ends. One of a held mutex or rwlock is

@@ -260,6 +260,7 @@ extern __u64 chain_keys[CHAIN_SLOTS]; /* the chain cache: pattern -> stack */
 extern __u64 chain_vals[CHAIN_SLOTS];
 extern __u64 stacks_sent[STACKS_SENT_SLOTS]; /* stack hashes sent (lossy: hooktrace dedups) */
 extern __u64 lock_epoch;
+extern __u32 epoch_used;
 extern __u64 lock_pages[1 << LOCK_PAGE_SET_BITS];
 extern __u64 lock_page_lo, lock_page_hi;
 extern char shim_path[4096];
@@ -320,6 +321,13 @@ SHARED int map_shm(int fd, __u64 id);
 SHARED int init_process(void);
 SHARED void lifetime_changed(void);
 SHARED void lock_page_add(__u64 lock);
+SHARED int life_keep(__u32 op, __u64 lock, __u32 arg, __u16 flags, __u64 stack);
+SHARED int life_end(__u64 lock);
+SHARED void life_use(struct tstate *t, __u64 lock, __u64 time);
+SHARED void lives_after_fork(void);
+#ifdef HOOKTRACE_INJECT
+SHARED void lives_reset(void);
+#endif
 
 /* ring.c */
 SHARED void count_lost(__u32 type);

@@ -25,7 +25,16 @@ __u64 stacks_sent[STACKS_SENT_SLOTS]; /* stack hashes sent (lossy: hooktrace ded
  * the BPF side's lock_epoch is: a lock re-made at an address is a new lock
  * to the analysis, and the patterns the old one was in must be sent again
  * for it. An exec starts a new image with an empty chain cache anyway. */
-__u64 lock_epoch;
+__u64 lock_epoch __attribute__((aligned(64)));
+/* Whether a pattern was cached since lock_epoch last changed: if none
+ * was, no cached pattern has the current epoch, and a lifetime's end
+ * leaves it as it is. A loop that makes and destroys locks while nothing
+ * else is sent then writes no shared cache line (the epoch, read by every
+ * acquisition, would bounce between the cores). A pattern found new
+ * before an end and cached after it keeps the epoch it had; it could only
+ * hide a lock that its thread used while another initialised or destroyed
+ * it, which is undefined. */
+__u32 epoch_used;
 
 /* Pages that hold a lock the analysis was sent (an init, a sent
  * acquisition), as the BPF side's lock_pages: a free of a chunk spanning
@@ -275,14 +284,23 @@ int init_process(void)
  * (rec_unmap). */
 void lifetime_changed(void)
 {
-	__atomic_fetch_add(&lock_epoch, 1, __ATOMIC_RELAXED);
+	if (__atomic_load_n(&epoch_used, __ATOMIC_ACQUIRE) && __atomic_exchange_n(&epoch_used, 0, __ATOMIC_ACQ_REL))
+		__atomic_fetch_add(&lock_epoch, 1, __ATOMIC_RELEASE);
 }
 
 void lock_page_add(__u64 lock)
 {
 	__u64 page = lock >> 12;
 	for (__u32 i = 0; i < LOCK_PAGE_PROBES; i++) {
-		__u64 *slot = &lock_pages[lock_page_slot(page, i)], have = 0;
+		__u64 *slot = &lock_pages[lock_page_slot(page, i)];
+		/* Read before the exchange: a page already there (every init
+		 * of a loop's locks) is then found without taking the cache
+		 * line from the other threads. */
+		__u64 have = __atomic_load_n(slot, __ATOMIC_RELAXED);
+		if (have == page + 1)
+			return;
+		if (have)
+			continue;
 		if (__atomic_compare_exchange_n(slot, &have, page + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 			break;
 		if (have == page + 1)
@@ -296,3 +314,173 @@ void lock_page_add(__u64 lock)
 	while (page > hi && !__atomic_compare_exchange_n(&lock_page_hi, &hi, page, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
 }
+
+/* Lock lifetimes in aggregate mode, as the BPF side's lives map keeps
+ * them (see its enum life_state): at an address whose last lifetime the
+ * analysis saw end (LIFE_ENDED: its destroy was sent), an init is kept
+ * here instead of sent (LIFE_PENDING), and its destroy, if nothing used
+ * the lock, drops both. Any record sent that uses the lock sends the kept
+ * init first (life_use); the init and the destroy end the epoch, so the
+ * lock's next acquisition by any thread is such a record. An entry is of
+ * the process that wrote it (a child of fork starts with none); an
+ * address that finds no room in its probe window is not kept, so a full
+ * table sends every lifetime, as a full map does. Taken by one thread at
+ * a time (lives_owner), never while it writes the ring. */
+#define LIFE_BUCKETS (1 << 10)
+#define LIFE_WAYS 7
+
+enum life_state {
+	LIFE_ENDED = 1,
+	LIFE_PENDING = 2,
+};
+
+struct life {
+	__u64 addr;
+	__u64 stack; /* the pending init's */
+	__u32 arg;
+	__u32 pid;
+	__u16 op;
+	__u16 flags;
+	__u32 state; /* enum life_state; 0 for a free slot */
+};
+
+/* An address's entry is in one bucket, which one thread at a time takes
+ * (owner: its &ts); threads making locks at different addresses take
+ * different cache lines. */
+struct life_bucket {
+	__u64 owner;
+	struct life slot[LIFE_WAYS];
+} __attribute__((aligned(64)));
+
+static struct life_bucket lives[LIFE_BUCKETS];
+/* The process that has entries, 0 for none: most processes make no lock
+ * twice at one address, and find the table empty with one read. */
+static __u32 lives_pid __attribute__((aligned(64)));
+
+/* Takes lock's bucket, NULL when this thread has it already (a signal
+ * handler interrupted it there). */
+static struct life_bucket *lives_lock(__u64 lock)
+{
+	struct life_bucket *b = &lives[((lock * 0x9e3779b97f4a7c15ULL) >> 32) & (LIFE_BUCKETS - 1)];
+	__u64 me = (__u64)&ts, free = 0;
+	if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED) == me)
+		return NULL;
+	while (!__atomic_compare_exchange_n(&b->owner, &free, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+		free = 0;
+		__builtin_ia32_pause();
+	}
+	return b;
+}
+
+static void lives_unlock(struct life_bucket *b)
+{
+	__atomic_store_n(&b->owner, 0, __ATOMIC_RELEASE);
+}
+
+/* The entry of lock in its bucket b (taken), or with add a free slot for
+ * it (NULL when the bucket is full). */
+static struct life *life_slot(struct life_bucket *b, __u64 lock, int add)
+{
+	struct life *room = NULL;
+	for (__u32 i = 0; i < LIFE_WAYS; i++) {
+		struct life *l = &b->slot[i];
+		int live = l->state && l->pid == my_pid;
+		if (live && l->addr == lock)
+			return l;
+		if (!live && !room)
+			room = l;
+	}
+	if (!add || !room)
+		return NULL;
+	*room = (struct life){.addr = lock, .pid = my_pid};
+	if (__atomic_load_n(&lives_pid, __ATOMIC_RELAXED) != my_pid)
+		__atomic_store_n(&lives_pid, my_pid, __ATOMIC_RELAXED);
+	return room;
+}
+
+static int lives_empty(void)
+{
+	return (cfg_flags & SHM_F_FULL) || __atomic_load_n(&lives_pid, __ATOMIC_RELAXED) != my_pid;
+}
+
+/* An init: whether it is kept (its address's last lifetime ended, or its
+ * last init is still kept) rather than sent. */
+int life_keep(__u32 op, __u64 lock, __u32 arg, __u16 flags, __u64 stack)
+{
+	struct life_bucket *b;
+	if (lives_empty() || !(b = lives_lock(lock)))
+		return 0;
+	struct life *l = life_slot(b, lock, 0);
+	if (l) {
+		l->state = LIFE_PENDING;
+		l->op = (__u16)op;
+		l->arg = arg;
+		l->flags = flags & F_BUSY;
+		l->stack = stack;
+	}
+	lives_unlock(b);
+	return l != NULL;
+}
+
+/* A destroy (not a misuse): whether it ends a kept init's lifetime, which
+ * nothing used, so that neither is sent. Otherwise the destroy is to be
+ * sent, and the analysis ends the lock's lifetime: its next init is kept. */
+int life_end(__u64 lock)
+{
+	struct life_bucket *b;
+	if ((cfg_flags & SHM_F_FULL) || !(b = lives_lock(lock)))
+		return 0;
+	struct life *l = life_slot(b, lock, 1);
+	int unused = l && l->state == LIFE_PENDING;
+	if (l)
+		l->state = LIFE_ENDED;
+	lives_unlock(b);
+	return unused;
+}
+
+/* A record about to be sent at time uses lock: a kept init of it goes
+ * first, in the sending thread's name (no finding depends on which thread
+ * made an init), and the lifetime is live again. */
+void life_use(struct tstate *t, __u64 lock, __u64 time)
+{
+	struct life_bucket *b;
+	if (lives_empty() || !(b = lives_lock(lock)))
+		return;
+	struct life *l = life_slot(b, lock, 0), kept = {0};
+	if (l) {
+		kept = *l;
+		l->state = 0;
+	}
+	lives_unlock(b);
+	if (kept.state != LIFE_PENDING)
+		return;
+	struct event e;
+	event_init(&e, t, kept.op);
+	e.time = time;
+	e.flags = kept.flags;
+	e.addr = lock;
+	e.arg = kept.arg;
+	e.stack = kept.stack;
+	event_send(&e);
+}
+
+/* In a child of fork: a thread of the parent may have had a bucket (the
+ * child's entries are none: they are the parent's). */
+void lives_after_fork(void)
+{
+	if (__atomic_load_n(&lives_pid, __ATOMIC_RELAXED) == 0)
+		return;
+	for (__u32 i = 0; i < LIFE_BUCKETS; i++)
+		if (lives[i].owner)
+			lives[i].owner = 0;
+}
+
+#ifdef HOOKTRACE_INJECT
+/* An attach of the injected build: what the last reader was sent, this
+ * one was not. */
+void lives_reset(void)
+{
+	memset(lives, 0, sizeof(lives));
+	lives_pid = 0;
+}
+#endif
