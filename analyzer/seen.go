@@ -135,39 +135,14 @@ func (a *Analyzer) seenFromEdges(f *Finding) []Seen {
 	for _, s := range a.streams {
 		bySource[s.source] = s
 	}
-	type pkey struct {
-		source string
-		pid    uint32
-	}
-	byProc := map[pkey]*Seen{}
-	var out []*Seen
+	procs, threads := map[procKey]uint64{}, seenCounts{}
 	for _, e := range f.Edges {
-		k := pkey{e.Source, e.PID}
-		sn := byProc[k]
-		if sn == nil {
-			if s := bySource[e.Source]; s != nil {
-				sn = s.seenProcess(e.PID)
-			} else {
-				sn = &Seen{Source: e.Source, PID: e.PID}
-			}
-			byProc[k] = sn
-			out = append(out, sn)
-		}
-		dup := false
-		for _, t := range sn.Threads {
-			dup = dup || t.TID == e.Thread
-		}
-		if !dup {
-			sn.Threads = append(sn.Threads, SeenThread{TID: e.Thread, Name: e.ThreadName})
+		if s := bySource[e.Source]; s != nil {
+			procs[procKey{s, e.PID}] = 0
+			threads[seenKey{s, e.PID, e.Thread}] = 0
 		}
 	}
-	list := make([]Seen, 0, len(out))
-	for _, sn := range out {
-		sort.Slice(sn.Threads, func(i, j int) bool { return sn.Threads[i].TID < sn.Threads[j].TID })
-		list = append(list, *sn)
-	}
-	sortSeen(list)
-	return list
+	return listSeen(procs, threads)
 }
 
 // fillSeen gives every finding its processes, and says when it merges

@@ -247,29 +247,23 @@ func endbr(code []byte) (string, bool) {
 // branchToEntry reports whether a relative branch in code targets its
 // first byte.
 func branchToEntry(code []byte) bool {
-	for off := 0; off < len(code); {
-		in, err := decodeAt(code, off)
-		if err != nil {
-			off++
-			continue
-		}
-		for _, a := range in.inst.Args {
-			if rel, ok := a.(x86asm.Rel); ok && off+in.length+int(rel) == 0 {
-				return true
-			}
-		}
-		off += in.length
-	}
-	return false
+	_, _, found := findBranch(code, func(target int) bool { return target == 0 })
+	return found
 }
 
 // branchInto finds a relative branch anywhere in code whose target lies in
 // (0, site]. A target of exactly 0 re-enters the function at its entry,
 // which an entry probe would see as a new call too, so it is allowed.
-// The sweep is linear and steps over undecodable bytes one at a time; a
-// sweep knocked out of step could invent a target (a needless fallback) or
-// miss one, but compilers keep data out of x86-64 functions.
 func branchInto(code []byte, site int) (from, to int, found bool) {
+	return findBranch(code, func(target int) bool { return target > 0 && target <= site })
+}
+
+// findBranch finds the first relative branch in code whose target (an
+// offset in code) is wanted. The sweep is linear and steps over
+// undecodable bytes one at a time; a sweep knocked out of step could
+// invent a target (a needless fallback) or miss one, but compilers keep
+// data out of x86-64 functions.
+func findBranch(code []byte, wanted func(target int) bool) (from, to int, found bool) {
 	for off := 0; off < len(code); {
 		in, err := decodeAt(code, off)
 		if err != nil {
@@ -278,8 +272,7 @@ func branchInto(code []byte, site int) (from, to int, found bool) {
 		}
 		for _, a := range in.inst.Args {
 			if rel, ok := a.(x86asm.Rel); ok {
-				target := off + in.length + int(rel)
-				if target > 0 && target <= site {
+				if target := off + in.length + int(rel); wanted(target) {
 					return off, target, true
 				}
 			}
