@@ -1,6 +1,17 @@
 /* Part of the shim (shim.c includes it; shim.h declares what the parts share): the pthread mutex, rwlock, spinlock and condition interposers. */
 #include "shim.h"
 
+/* A try, timed or clock lock's outcome, recorded once the real call
+ * returned (the thread's guard was let go around it). */
+HOT void try_exit(struct tstate *t, __u32 op, __u64 lock, __u64 addr2, int r, __u64 *frame)
+{
+	if (t->guard)
+		return;
+	t->guard = 1;
+	rec_try_result(t, op, lock, addr2, r, frame);
+	leave(t);
+}
+
 /* ---- locks -------------------------------------------------------------- */
 
 EXPORT int pthread_mutex_lock(pthread_mutex_t *m)
@@ -23,11 +34,7 @@ EXPORT int pthread_mutex_trylock(pthread_mutex_t *m)
 	count_call(t, OP_MUTEX_TRYLOCK);
 	leave(t);
 	int r = real.mutex_trylock(m);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_MUTEX_TRYLOCK, (__u64)m, 0, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_MUTEX_TRYLOCK, (__u64)m, 0, r, FRAME);
 	return r;
 }
 
@@ -40,11 +47,7 @@ EXPORT int pthread_mutex_timedlock(pthread_mutex_t *m, const struct timespec *at
 	count_call(t, OP_MUTEX_TIMEDLOCK);
 	leave(t);
 	int r = real.mutex_timedlock(m, at);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_MUTEX_TIMEDLOCK, (__u64)m, (__u64)at, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_MUTEX_TIMEDLOCK, (__u64)m, (__u64)at, r, FRAME);
 	return r;
 }
 
@@ -57,11 +60,7 @@ EXPORT int pthread_mutex_clocklock(pthread_mutex_t *m, clockid_t c, const struct
 	count_call(t, OP_MUTEX_CLOCKLOCK);
 	leave(t);
 	int r = real.mutex_clocklock(m, c, at);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_MUTEX_CLOCKLOCK, (__u64)m, (__u64)c, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_MUTEX_CLOCKLOCK, (__u64)m, (__u64)c, r, FRAME);
 	return r;
 }
 
@@ -132,11 +131,7 @@ EXPORT int pthread_rwlock_tryrdlock(pthread_rwlock_t *l)
 	count_call(t, OP_RWLOCK_TRYRDLOCK);
 	leave(t);
 	int r = real.rw_tryrdlock(l);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_RWLOCK_TRYRDLOCK, (__u64)l, 0, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_RWLOCK_TRYRDLOCK, (__u64)l, 0, r, FRAME);
 	return r;
 }
 
@@ -149,11 +144,7 @@ EXPORT int pthread_rwlock_trywrlock(pthread_rwlock_t *l)
 	count_call(t, OP_RWLOCK_TRYWRLOCK);
 	leave(t);
 	int r = real.rw_trywrlock(l);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_RWLOCK_TRYWRLOCK, (__u64)l, 0, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_RWLOCK_TRYWRLOCK, (__u64)l, 0, r, FRAME);
 	return r;
 }
 
@@ -166,11 +157,7 @@ EXPORT int pthread_rwlock_timedrdlock(pthread_rwlock_t *l, const struct timespec
 	count_call(t, OP_RWLOCK_TIMEDRDLOCK);
 	leave(t);
 	int r = real.rw_timedrdlock(l, at);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_RWLOCK_TIMEDRDLOCK, (__u64)l, (__u64)at, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_RWLOCK_TIMEDRDLOCK, (__u64)l, (__u64)at, r, FRAME);
 	return r;
 }
 
@@ -183,11 +170,7 @@ EXPORT int pthread_rwlock_timedwrlock(pthread_rwlock_t *l, const struct timespec
 	count_call(t, OP_RWLOCK_TIMEDWRLOCK);
 	leave(t);
 	int r = real.rw_timedwrlock(l, at);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_RWLOCK_TIMEDWRLOCK, (__u64)l, (__u64)at, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_RWLOCK_TIMEDWRLOCK, (__u64)l, (__u64)at, r, FRAME);
 	return r;
 }
 
@@ -200,11 +183,7 @@ EXPORT int pthread_rwlock_clockrdlock(pthread_rwlock_t *l, clockid_t c, const st
 	count_call(t, OP_RWLOCK_CLOCKRDLOCK);
 	leave(t);
 	int r = real.rw_clockrdlock(l, c, at);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_RWLOCK_CLOCKRDLOCK, (__u64)l, (__u64)c, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_RWLOCK_CLOCKRDLOCK, (__u64)l, (__u64)c, r, FRAME);
 	return r;
 }
 
@@ -217,11 +196,7 @@ EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *l, clockid_t c, const st
 	count_call(t, OP_RWLOCK_CLOCKWRLOCK);
 	leave(t);
 	int r = real.rw_clockwrlock(l, c, at);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_RWLOCK_CLOCKWRLOCK, (__u64)l, (__u64)c, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_RWLOCK_CLOCKWRLOCK, (__u64)l, (__u64)c, r, FRAME);
 	return r;
 }
 
@@ -282,11 +257,7 @@ EXPORT int pthread_spin_trylock(pthread_spinlock_t *l)
 	count_call(t, OP_SPIN_TRYLOCK);
 	leave(t);
 	int r = real.spin_trylock(l);
-	if (!t->guard) {
-		t->guard = 1;
-		rec_try_result(t, OP_SPIN_TRYLOCK, (__u64)l, 0, r, FRAME);
-		leave(t);
-	}
+	try_exit(t, OP_SPIN_TRYLOCK, (__u64)l, 0, r, FRAME);
 	return r;
 }
 
