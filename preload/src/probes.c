@@ -37,25 +37,6 @@ static struct exit_entry {
 static __u32 nexits;
 static __u64 exits_owner; /* the holder's &ts, 0 when free */
 
-/* exits_lock takes the table; 0 when this thread holds it already (a
- * signal handler interrupted it there). */
-static int exits_lock(void)
-{
-	__u64 me = (__u64)&ts, free = 0;
-	if (__atomic_load_n(&exits_owner, __ATOMIC_RELAXED) == me)
-		return 0;
-	while (!__atomic_compare_exchange_n(&exits_owner, &free, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
-		free = 0;
-		__builtin_ia32_pause();
-	}
-	return 1;
-}
-
-static void exits_unlock(void)
-{
-	__atomic_store_n(&exits_owner, 0, __ATOMIC_RELEASE);
-}
-
 /* exit_find is the newest entry of slot, or -1; the table is held. */
 static int exit_find(__u64 slot)
 {
@@ -119,7 +100,7 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 	 * uretprobe's does through the kernel's trampoline. */
 	if (!t->stack_hi)
 		return;
-	if (!exits_lock()) {
+	if (!owner_lock(&exits_owner)) {
 		count_lost(REC_EVENT); /* its exit goes unrecorded */
 		return;
 	}
@@ -136,14 +117,14 @@ static void probe_hit(struct tstate *t, struct probe *pr, ucontext_t *uc)
 	} else {
 		count_lost(REC_EVENT);
 	}
-	exits_unlock();
+	owner_unlock(&exits_owner);
 }
 
 /* The return address in a stack slot, as the program put it there: a
  * probed function's is swapped for the exit stub while it runs. */
 __u64 real_ret(__u64 slot, __u64 v)
 {
-	if (v != (__u64)probe_exit_stub || !exits_lock())
+	if (v != (__u64)probe_exit_stub || !owner_lock(&exits_owner))
 		return v;
 	/* The oldest entry of the slot: a tail call's newer one holds the
 	 * stub. */
@@ -152,7 +133,7 @@ __u64 real_ret(__u64 slot, __u64 v)
 			v = exits[i].ret;
 			break;
 		}
-	exits_unlock();
+	owner_unlock(&exits_owner);
 	return v;
 }
 
@@ -160,14 +141,14 @@ __u64 real_ret(__u64 slot, __u64 v)
  * stack from sp, len bytes long, where probed functions run. */
 void restore_returns(__u8 *copy, __u64 sp, __u64 len)
 {
-	if (__atomic_load_n(&nexits, __ATOMIC_RELAXED) == 0 || !exits_lock())
+	if (__atomic_load_n(&nexits, __ATOMIC_RELAXED) == 0 || !owner_lock(&exits_owner))
 		return;
 	for (__u32 i = 0; i < nexits; i++) {
 		__u64 slot = exits[i].slot;
 		if (slot >= sp && slot + 8 <= sp + len && exits[i].ret != (__u64)probe_exit_stub)
 			memcpy(copy + (slot - sp), &exits[i].ret, 8);
 	}
-	exits_unlock();
+	owner_unlock(&exits_owner);
 }
 
 /* In a fork child, the table's holder, if any, is a thread the child does
@@ -211,7 +192,7 @@ __attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 
 	struct tstate *t = &ts;
 	/* This thread cannot hold the table here: it is taken only for a
 	 * few instructions, which call no probed function. */
-	int locked = exits_lock();
+	int locked = owner_lock(&exits_owner);
 	int i = exit_find(slot);
 	if (i < 0) {
 		/* Only a program that wrote the stub's address into its own
@@ -224,7 +205,7 @@ __attribute__((used, visibility("hidden"))) __u64 probe_exit_c(__u64 rax, __u64 
 	struct exit_entry sh = exits[i];
 	exit_remove(i);
 	if (locked)
-		exits_unlock();
+		owner_unlock(&exits_owner);
 	int saved = errno;
 	if (!t->guard && active) {
 		t->guard = 1;

@@ -435,6 +435,27 @@ HOT struct tstate *enter_op(__u32 op)
 	return enter();
 }
 
+/* A spinlock a thread owns (its &ts in *owner, 0 when free), for the
+ * shim's process-wide tables. Takes it and returns 1; returns 0 when this
+ * thread has it already: a signal handler interrupted it there, and must
+ * do without rather than wait for itself. */
+static inline int owner_lock(__u64 *owner)
+{
+	__u64 me = (__u64)&ts, free = 0;
+	if (__atomic_load_n(owner, __ATOMIC_RELAXED) == me)
+		return 0;
+	while (!__atomic_compare_exchange_n(owner, &free, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+		free = 0;
+		__builtin_ia32_pause();
+	}
+	return 1;
+}
+
+static inline void owner_unlock(__u64 *owner)
+{
+	__atomic_store_n(owner, 0, __ATOMIC_RELEASE);
+}
+
 static inline void leave(struct tstate *t)
 {
 	t->guard = 0;

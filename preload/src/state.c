@@ -362,19 +362,12 @@ static __u32 lives_pid __attribute__((aligned(64)));
 static struct life_bucket *lives_lock(__u64 lock)
 {
 	struct life_bucket *b = &lives[((lock * 0x9e3779b97f4a7c15ULL) >> 32) & (LIFE_BUCKETS - 1)];
-	__u64 me = (__u64)&ts, free = 0;
-	if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED) == me)
-		return NULL;
-	while (!__atomic_compare_exchange_n(&b->owner, &free, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
-		free = 0;
-		__builtin_ia32_pause();
-	}
-	return b;
+	return owner_lock(&b->owner) ? b : NULL;
 }
 
 static void lives_unlock(struct life_bucket *b)
 {
-	__atomic_store_n(&b->owner, 0, __ATOMIC_RELEASE);
+	owner_unlock(&b->owner);
 }
 
 /* The entry of lock in its bucket b (taken), or with add a free slot for
